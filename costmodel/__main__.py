@@ -1,0 +1,51 @@
+"""`python -m costmodel {bench,fit,compare} [hydra overrides]`.
+
+- bench: measure this device's ceilings and a kernel suite into its profile;
+- fit: fit cost models L0-L3 on the profile and evaluate them on held-out shapes;
+- compare: median difference between two profiles' common kernels (run-to-run stability).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+USAGE = __doc__
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="bench")
+def bench(cfg: DictConfig) -> None:
+    from costmodel.bench_command import run
+
+    run(cfg)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="fit")
+def fit(cfg: DictConfig) -> None:
+    from costmodel.fit_command import run
+
+    run(cfg)
+
+
+def compare(argv: list[str]) -> None:
+    from costmodel.compare import main
+
+    main(argv)
+
+
+def main() -> None:
+    commands = {"bench": bench, "fit": fit}
+    if len(sys.argv) < 2 or sys.argv[1] not in (*commands, "compare"):
+        print(USAGE, file=sys.stderr)
+        sys.exit(2)
+    command = sys.argv.pop(1)
+    if command == "compare":
+        compare(sys.argv[1:])
+    else:
+        commands[command]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""`python -m costmodel bench`: measure this device's ceilings and a suite into its profile."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from costmodel.bench import measure_specs
+from costmodel.ceilings import _device_memory_bytes, measure_ceilings
+from costmodel.device import torch_scatter_version
+from costmodel.ops import scatter_backends_available
+from costmodel.profile import DeviceProfile
+from costmodel.runtime import Runtime
+from costmodel.suite import expand_suite
+
+console = Console()
+
+
+def ensure_ceilings(rt: Runtime, profile: DeviceProfile, *, remeasure: bool = False) -> dict[str, Any]:
+    """The profile's ceilings, measuring them first if the profile has none."""
+    ceilings = profile.ceilings()
+    if ceilings is None or remeasure:
+        console.print("[bold]measuring ceilings[/] (peak matmul FLOP/s, copy bandwidth, per-call overhead)")
+        ceilings = measure_ceilings(rt.device, rt.dtype, rt.timing)
+        profile.write_ceilings(ceilings)
+    return ceilings
+
+
+def ceilings_table(ceilings: dict[str, Any]) -> Table:
+    table = Table(title="measured ceilings")
+    table.add_column("ceiling")
+    table.add_column("value", justify="right")
+    table.add_row("peak matmul", f"{ceilings['peak_flops_per_s'] / 1e9:,.1f} GFLOP/s ({ceilings['dtype']})")
+    table.add_row("memory bandwidth (copy, read+write)", f"{ceilings['bandwidth_bytes_per_s'] / 1e9:,.1f} GB/s")
+    table.add_row("per-call overhead", f"{ceilings['overhead_s'] * 1e6:,.1f} us")
+    table.add_row("ridge point", f"{ceilings['ridge_flops_per_byte']:,.1f} FLOP/byte")
+    return table
+
+
+def trio_table(frame: pd.DataFrame, ceilings: dict[str, Any]) -> Table | None:
+    if "tag" not in frame or not frame["tag"].astype(str).str.startswith("trio:").any():
+        return None
+    trio = frame[frame["tag"].astype(str).str.startswith("trio:")]
+    table = Table(title="same FLOPs, different latency (equal 2MKN)")
+    for col in ("shape", "M x K x N", "GFLOP", "latency ms", "GFLOP/s", "% of peak", "AI FLOP/B"):
+        table.add_column(col, justify="right")
+    for _, r in trio.iterrows():
+        achieved = r["flops"] / r["median_s"]
+        table.add_row(
+            r["tag"].split(":", 1)[1], f"{int(r['m'])} x {int(r['k'])} x {int(r['n'])}", f"{r['flops'] / 1e9:.3f}",
+            f"{r['median_s'] * 1e3:.3f}", f"{achieved / 1e9:.1f}",
+            f"{100 * achieved / ceilings['peak_flops_per_s']:.1f}", f"{r['flops'] / r['bytes_moved']:.1f}",
+        )
+    return table
+
+
+def family_table(frame: pd.DataFrame) -> Table:
+    table = Table(title="profile contents")
+    for col in ("family", "kernels", "noisy", "median latency range", "median rel. IQR"):
+        table.add_column(col, justify="right")
+    for family, g in frame.groupby("family"):
+        table.add_row(
+            str(family), str(len(g)), str(int(g["noisy"].sum())),
+            f"{g['median_s'].min() * 1e6:,.1f} us .. {g['median_s'].max() * 1e3:,.2f} ms",
+            f"{100 * g['rel_iqr'].median():.1f}%",
+        )
+    return table
+
+
+def run(cfg: DictConfig) -> dict[str, Any]:
+    suite = OmegaConf.to_container(cfg.suite, resolve=True)
+    assert isinstance(suite, dict)
+    rt = Runtime.from_cfg(cfg, min_run_time_s=suite.get("min_run_time_s"))
+    selected = cfg.bench.families
+    tagged = expand_suite(
+        suite,
+        dtype=rt.dtype,
+        selected=list(selected) if selected is not None else None,
+        scatter_backends=scatter_backends_available(),
+        memory_bytes=_device_memory_bytes(rt.device),
+    )
+    profile = rt.open_profile()
+    console.print(f"device: {rt.fingerprint.describe()}\nprofile: {profile.path}")
+    start = time.perf_counter()
+    ceilings = ensure_ceilings(rt, profile, remeasure=bool(cfg.bench.remeasure))
+    console.print(ceilings_table(ceilings))
+    result = measure_specs(
+        tagged, profile, device=rt.device, timing=rt.timing, limits=rt.limits, suite=str(suite["name"]),
+        pool_bytes=rt.pool_bytes, remeasure=bool(cfg.bench.remeasure), show_progress=bool(cfg.bench.progress),
+    )
+    wall_s = time.perf_counter() - start
+    profile.add_provenance({
+        "command": " ".join(sys.argv), "suite": suite["name"], "families": selected,
+        "measured": result.measured, "already_present": result.already, "skipped": len(result.skipped),
+        "noisy": result.noisy, "wall_s": wall_s, "torch_scatter": torch_scatter_version() or "absent",
+        "timing": OmegaConf.to_container(cfg.timing), "pool_bytes": rt.pool_bytes,
+    })
+    frame = profile.measurements()
+    console.print(family_table(frame))
+    trio = trio_table(frame, ceilings)
+    if trio is not None:
+        console.print(trio)
+    for s in result.skipped:
+        console.print(f"[yellow]skipped[/] {s['label']}: {s['reason']}")
+    console.print(
+        f"measured {result.measured} kernels ({result.noisy} noisy), {result.already} already in the profile, "
+        f"{len(result.skipped)} skipped; wall time {wall_s:.1f} s"
+    )
+    return {"profile": str(profile.path), "measured": result.measured, "wall_s": wall_s}

@@ -1,0 +1,81 @@
+"""Measured device ceilings: the roofline of *this* device, measured, not quoted.
+
+- peak matmul FLOP/s: the best achieved rate over a few large square GEMMs;
+- memory bandwidth: a large tensor copy, counting bytes read plus bytes written
+  (STREAM's "Copy" convention, McCalpin 1995);
+- per-call overhead: the median time of a one-element add (dispatch and launch cost);
+- ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
+  (Williams et al. 2009).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from costmodel.kernels import DTYPE_BYTES
+from costmodel.timing import Measurement, TimingConfig, measure
+
+
+def _device_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return int(open("/proc/meminfo").read().split("MemTotal:")[1].split()[0]) * 1024
+    except (OSError, IndexError, ValueError):
+        return 8 * 1024**3
+
+
+def ceiling_sizes(device: torch.device, dtype: str) -> dict[str, Any]:
+    """Shapes big enough to reach the roofs, small enough for this device's memory."""
+    mem = _device_memory_bytes(device)
+    if device.type == "cuda":
+        gemm_sizes, copy_bytes = [4096, 8192, 16384 if dtype != "float32" else 8192], 4 * 1024**3
+    else:
+        gemm_sizes, copy_bytes = [1024, 2048], 512 * 1024**2
+    copy_bytes = min(copy_bytes, mem // 16)
+    return {"gemm_sizes": gemm_sizes, "copy_numel": copy_bytes // DTYPE_BYTES[dtype]}
+
+
+def _row(m: Measurement) -> dict[str, Any]:
+    return {k: v for k, v in m.summary().items() if k in ("median_s", "iqr_s", "runs", "noisy")}
+
+
+def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> dict[str, Any]:
+    """Measure peak FLOP/s, bandwidth and per-call overhead on ``device`` in ``dtype``."""
+    torch_dtype = getattr(torch, dtype)
+    sizes = ceiling_sizes(device, dtype)
+
+    gemm_rows = []
+    for n in sizes["gemm_sizes"]:
+        a = torch.randn(n, n, device=device).to(torch_dtype)
+        b = torch.randn(n, n, device=device).to(torch_dtype)
+        m = measure(lambda: torch.matmul(a, b), device=device, config=timing)
+        gemm_rows.append({"n": n, "flops_per_s": 2.0 * n**3 / m.median_s, **_row(m)})
+        del a, b
+    peak = max(r["flops_per_s"] for r in gemm_rows)
+
+    numel = sizes["copy_numel"]
+    src = torch.randn(numel, device=device).to(torch_dtype)
+    dst = torch.empty_like(src)
+    m_copy = measure(lambda: dst.copy_(src), device=device, config=timing)
+    copy_bytes = 2.0 * numel * DTYPE_BYTES[dtype]  # read + write
+    bandwidth = copy_bytes / m_copy.median_s
+    del src, dst
+
+    x = torch.ones(1, device=device, dtype=torch_dtype)
+    m_tiny = measure(lambda: x + x, device=device, config=timing)
+
+    return {
+        "dtype": dtype,
+        "peak_flops_per_s": peak,
+        "bandwidth_bytes_per_s": bandwidth,
+        "overhead_s": m_tiny.median_s,
+        "ridge_flops_per_byte": peak / bandwidth,
+        "evidence": {
+            "gemm": gemm_rows,
+            "copy": {"bytes_moved": copy_bytes, **_row(m_copy)},
+            "tiny_add": _row(m_tiny),
+        },
+    }

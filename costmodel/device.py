@@ -1,0 +1,144 @@
+"""Device resolution and fingerprint: which machine and software a measurement belongs to.
+
+A fingerprint names everything that changes kernel latency enough that a profile measured
+under one must not predict another: device name, torch version, BLAS backend, thread
+count, CUDA and driver versions, dtype. (Optional backends such as torch-scatter are
+recorded in a profile's provenance instead: installing one adds rows, it does not make
+the existing rows wrong.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+import subprocess
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+import torch
+
+from costmodel.kernels import FLOAT_DTYPES
+
+DEVICE_KINDS = ("cpu", "cuda", "auto")
+
+
+class ProfileMismatchError(RuntimeError):
+    """A profile or model from one device fingerprint was asked to serve another."""
+
+
+def resolve_device(kind: str) -> torch.device:
+    """'cpu', 'cuda' or 'auto' (cuda when available) -> torch.device, with a clear error."""
+    if kind not in DEVICE_KINDS:
+        raise ValueError(f"device must be one of {list(DEVICE_KINDS)}, got {kind!r}")
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch.cuda.is_available() is False on this machine")
+    return torch.device(kind)
+
+
+def check_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The torch dtype for a name, refusing names this device cannot compute in."""
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of {list(FLOAT_DTYPES)}, got {dtype!r}")
+    torch_dtype = getattr(torch, dtype)
+    if device.type == "cuda" and dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
+        raise ValueError(f"dtype={dtype!r} is not supported by {torch.cuda.get_device_name(device)}")
+    try:  # a tiny matmul proves the dtype is usable here (e.g. float16 GEMM on old CPUs)
+        a = torch.ones(2, 2, dtype=torch_dtype, device=device)
+        (a @ a).sum().item()
+    except RuntimeError as err:
+        raise ValueError(f"dtype={dtype!r} is not supported on device {device}: {err}") from None
+    return torch_dtype
+
+
+@lru_cache(maxsize=1)
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def torch_scatter_version() -> str | None:
+    """Installed torch-scatter version, or None (it is an optional backend)."""
+    try:
+        import torch_scatter  # noqa: F401
+    except Exception:  # ImportError, or an ABI mismatch with the installed torch
+        return None
+    return str(getattr(torch_scatter, "__version__", "unknown"))
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    device_kind: str
+    device_name: str
+    torch_version: str
+    blas: str
+    threads: int
+    cuda_version: str
+    driver_version: str
+    dtype: str
+
+    @property
+    def id(self) -> str:
+        """Folder-safe id: readable prefix plus a hash of every field."""
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:10]
+        name = re.sub(r"[^a-z0-9]+", "-", self.device_name.lower()).strip("-")[:40]
+        return f"{self.device_kind}-{name}-t{self.threads}-{self.dtype}-{digest}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "id": self.id}
+
+    def describe(self) -> str:
+        extra = f", CUDA {self.cuda_version}, driver {self.driver_version}" if self.device_kind == "cuda" else ""
+        return (
+            f"{self.device_name} ({self.device_kind}, {self.threads} threads, {self.dtype}, "
+            f"torch {self.torch_version}, {self.blas}{extra})"
+        )
+
+    def differences(self, other: "Fingerprint") -> dict[str, tuple[object, object]]:
+        mine, theirs = asdict(self), asdict(other)
+        return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
+
+
+def fingerprint(device: torch.device, dtype: str) -> Fingerprint:
+    """Fingerprint of this process's device, libraries and thread count."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        blas = "cublas"
+        cuda_version = str(torch.version.cuda)
+        driver = _driver_version()
+    else:
+        name = _cpu_name()
+        blas = "mkl" if torch.backends.mkl.is_available() else "openblas-or-other"
+        if torch.backends.mkldnn.is_available():
+            blas += "+onednn"
+        cuda_version = driver = "none"
+    return Fingerprint(
+        device_kind=device.type,
+        device_name=name,
+        torch_version=torch.__version__,
+        blas=blas,
+        threads=torch.get_num_threads(),
+        cuda_version=cuda_version,
+        driver_version=driver,
+        dtype=dtype,
+    )

@@ -1,0 +1,76 @@
+"""Seeded index generators for gather/scatter microbenchmarks, with a tunable skew.
+
+An index of ``num_rows`` entries into ``num_targets`` rows is drawn from a Zipf law
+p_i ~ (i+1)^-s over a random permutation of the targets (so hot rows are not all at low
+addresses). Skew is described by the coefficient of variation (CV) of the per-target hit
+counts, the statistic the cost model sees; ``index_for_cv`` solves for the exponent that
+gives a requested CV.
+
+For multinomial counts, CV_realised^2 ~= CV_p^2 + N/E (the expected-count spread plus
+the sampling noise of E draws over N targets; variance of a multinomial cell,
+Var c_i = E p_i (1 - p_i)), so a CV below sqrt(N/E) cannot be asked for: it is the
+uniform index's own noise floor.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MAX_EXPONENT = 6.0
+
+
+def zipf_probabilities(num_targets: int, exponent: float) -> np.ndarray:
+    """p_i proportional to (i+1)^-exponent, i in [0, num_targets)."""
+    ranks = np.arange(1, num_targets + 1, dtype=np.float64)
+    weights = ranks ** (-float(exponent))
+    return weights / weights.sum()
+
+
+def probability_cv(p: np.ndarray) -> float:
+    """Coefficient of variation of expected counts under probabilities p."""
+    return float(p.std() / p.mean())
+
+
+def counts_cv(index: np.ndarray, num_targets: int) -> float:
+    """Coefficient of variation of how often each target is hit by ``index``."""
+    counts = np.bincount(index, minlength=num_targets).astype(np.float64)
+    return float(counts.std() / counts.mean())
+
+
+def exponent_for_cv(num_rows: int, num_targets: int, cv: float) -> float:
+    """Zipf exponent whose index has (approximately) the requested realised CV."""
+    target_p_cv = np.sqrt(max(cv * cv - num_targets / num_rows, 0.0))
+    if target_p_cv <= 1e-9:
+        return 0.0
+    lo, hi = 0.0, MAX_EXPONENT
+    if probability_cv(zipf_probabilities(num_targets, hi)) < target_p_cv:
+        return hi  # the most skewed index this generator makes
+    for _ in range(50):  # bisection: CV_p is increasing in the exponent
+        mid = 0.5 * (lo + hi)
+        if probability_cv(zipf_probabilities(num_targets, mid)) < target_p_cv:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+def zipf_index(
+    num_rows: int, num_targets: int, exponent: float, *, sorted: bool, seed: int
+) -> np.ndarray:
+    """int64 index of ``num_rows`` draws over ``num_targets`` rows with Zipf skew."""
+    rng = np.random.default_rng(seed)
+    p = zipf_probabilities(num_targets, exponent)
+    permutation = rng.permutation(num_targets)
+    index = permutation[rng.choice(num_targets, size=num_rows, p=p)].astype(np.int64)
+    if sorted:
+        index.sort()
+    return index
+
+
+def index_for_cv(
+    num_rows: int, num_targets: int, cv: float, *, sorted: bool, seed: int = 0
+) -> tuple[np.ndarray, float]:
+    """An index with approximately the requested hit-count CV, and the CV it realised."""
+    exponent = exponent_for_cv(num_rows, num_targets, cv)
+    index = zipf_index(num_rows, num_targets, exponent, sorted=sorted, seed=seed)
+    return index, counts_cv(index, num_targets)

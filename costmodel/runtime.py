@@ -1,0 +1,70 @@
+"""The resolved run-time context shared by every entry point (conf/base.yaml).
+
+``Runtime.from_cfg`` validates device, dtype, threads and timing settings before any work
+starts, sets torch's thread count, and computes the device fingerprint and the profile
+folder that belongs to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from hydra.utils import to_absolute_path
+
+from costmodel.bench import SizeLimits
+from costmodel.device import Fingerprint, check_dtype, fingerprint, resolve_device
+from costmodel.profile import DeviceProfile
+from costmodel.timing import TimingConfig
+
+
+def _abs(path: str) -> Path:
+    try:
+        return Path(to_absolute_path(path))
+    except ValueError:  # outside a Hydra app (tests, notebooks)
+        return Path(path).absolute()
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    dtype: str
+    fingerprint: Fingerprint
+    timing: TimingConfig
+    limits: SizeLimits
+    profile_root: Path
+    pool_bytes: int
+    seed: int
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any], *, min_run_time_s: float | None = None) -> "Runtime":
+        device = resolve_device(str(cfg["device"]))
+        dtype = str(cfg["dtype"])
+        check_dtype(dtype, device)
+        threads = cfg.get("threads")
+        if threads is not None:
+            if not isinstance(threads, int) or threads < 1:
+                raise ValueError(f"threads must be a positive integer or null, got {threads!r}")
+            torch.set_num_threads(threads)
+        timing_cfg = dict(cfg["timing"])
+        if min_run_time_s is not None:
+            timing_cfg["min_run_time_s"] = float(min_run_time_s)
+        limits = cfg["limits"][device.type]
+        pool_bytes = int(cfg.get("pool_bytes", 0))
+        if pool_bytes < 0:
+            raise ValueError(f"pool_bytes must be >= 0, got {pool_bytes}")
+        return cls(
+            device=device,
+            dtype=dtype,
+            fingerprint=fingerprint(device, dtype),
+            timing=TimingConfig(**timing_cfg),
+            limits=SizeLimits(max_flops=float(limits["max_flops"]), max_bytes=float(limits["max_bytes"])),
+            profile_root=_abs(str(cfg["profile"]["root"])),
+            pool_bytes=pool_bytes,
+            seed=int(cfg.get("seed", 0)),
+        )
+
+    def open_profile(self, *, create: bool = True) -> DeviceProfile:
+        return DeviceProfile.open(self.profile_root, self.fingerprint, create=create)

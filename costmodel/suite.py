@@ -1,0 +1,188 @@
+"""Shape grids per kernel family: a suite config (conf/suite/*.yaml) -> descriptors.
+
+A suite names, per family, lists of values whose cartesian product is measured, plus
+optional log-uniform random shapes (seeded) so that held-out evaluation meets shapes that
+are not on any grid line. ``equal_flops_trio`` builds the article's balanced /
+medium-skinny / tall-skinny GEMMs of equal 2MKN, sized to the device's memory.
+
+Everything is expanded and validated before anything is measured, so a bad size or name
+fails at once with the field named.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from costmodel.kernels import (
+    DTYPE_BYTES,
+    ElementwiseSpec,
+    GatherSpec,
+    GemmSpec,
+    GroupedGemmSpec,
+    HistogramSpec,
+    KernelSpec,
+    ScatterSpec,
+    SCATTER_BACKEND_REDUCES,
+    SoftmaxSpec,
+    SortSpec,
+    SpmmSpec,
+    TopkSpec,
+    families,
+)
+
+
+def _grid(cfg: Mapping[str, Any], *names: str) -> Iterable[tuple[Any, ...]]:
+    for name in names:
+        if name not in cfg:
+            raise ValueError(f"suite grid is missing the list {name!r}; it has {sorted(cfg)}")
+    return itertools.product(*(list(cfg[n]) for n in names))
+
+
+def power_law_counts(total: int, experts: int, exponent: float) -> tuple[int, ...]:
+    """Split ``total`` tokens over experts with shares ~ (i+1)^-exponent (largest remainder).
+
+    exponent 0 is perfectly balanced; large exponents put nearly everything on expert 0.
+    """
+    weights = np.arange(1, experts + 1, dtype=np.float64) ** (-float(exponent))
+    raw = total * weights / weights.sum()
+    counts = np.floor(raw).astype(np.int64)
+    remainder = total - int(counts.sum())
+    counts[np.argsort(-(raw - counts), kind="stable")[:remainder]] += 1
+    return tuple(int(c) for c in counts)
+
+
+def equal_flops_trio(total_flops: float, dtype: str) -> list[tuple[str, GemmSpec]]:
+    """Balanced, medium-skinny (M=32) and tall-skinny (M=1) GEMMs with equal 2MKN."""
+    k = 4096
+    side = int(round((total_flops / 2.0) ** (1 / 3) / 64.0)) * 64
+    side = max(side, 64)
+    balanced = GemmSpec(side, side, max(64, int(round(total_flops / (2.0 * side * side)))), dtype)
+    medium = GemmSpec(32, k, max(1, int(round(total_flops / (2.0 * 32 * k)))), dtype)
+    tall = GemmSpec(1, k, max(1, int(round(total_flops / (2.0 * k)))), dtype)
+    return [("balanced", balanced), ("medium-skinny", medium), ("tall-skinny", tall)]
+
+
+def trio_flops(memory_bytes: int, dtype: str, max_operand_bytes: int) -> float:
+    """FLOPs of the trio so the tall-skinny weight (K*N elements) fits the memory budget."""
+    budget = min(memory_bytes // 8, max_operand_bytes)
+    return 2.0 * budget / DTYPE_BYTES[dtype]  # tall-skinny: 2*1*K*N = 2 * (K*N)
+
+
+def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
+
+
+def gemm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
+    specs: list[KernelSpec] = [GemmSpec(m, k, n, dtype) for m, k, n in _grid(cfg, "m", "k", "n")]
+    rnd = cfg.get("random")
+    if rnd:
+        rng = np.random.default_rng(int(rnd["seed"]))
+        for _ in range(int(rnd["count"])):
+            specs.append(
+                GemmSpec(
+                    _log_uniform(rng, *rnd["m"]), _log_uniform(rng, *rnd["k"]), _log_uniform(rng, *rnd["n"]), dtype
+                )
+            )
+    return specs
+
+
+def grouped_gemm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
+    specs: list[KernelSpec] = []
+    for experts, total, (k, n), exponent, impl in _grid(cfg, "experts", "total_tokens", "kn", "skew_exponent", "impl"):
+        specs.append(GroupedGemmSpec(power_law_counts(int(total), int(experts), exponent), int(k), int(n), impl, dtype))
+    return specs
+
+
+def gather_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
+    return [
+        GatherSpec(rows, width, src, float(cv), bool(srt), dtype)
+        for rows, width, src, cv, srt in _grid(cfg, "num_rows", "width", "num_src", "index_cv", "sorted")
+    ]
+
+
+def scatter_specs(cfg: Mapping[str, Any], dtype: str, backends: Iterable[str]) -> list[KernelSpec]:
+    specs: list[KernelSpec] = []
+    allowed = set(backends)
+    for rows, width, dst, cv, srt, backend in _grid(cfg, "num_rows", "width", "num_dst", "index_cv", "sorted", "backend"):
+        if backend not in SCATTER_BACKEND_REDUCES:
+            raise ValueError(f"suite scatter.backend must be among {sorted(SCATTER_BACKEND_REDUCES)}, got {backend!r}")
+        if backend not in allowed:
+            continue  # e.g. torch_scatter not installed: measured where it is
+        for reduce in SCATTER_BACKEND_REDUCES[backend]:
+            if reduce not in cfg.get("reduce", ["sum", "mean", "max", "copy"]):
+                continue
+            if backend == "index_copy" and (rows > dst or cv != cfg["index_cv"][0]):
+                continue  # a copy needs distinct destinations: one index pattern only
+            specs.append(ScatterSpec(rows, width, dst, reduce, backend, float(cv), bool(srt), dtype))
+    return specs
+
+
+def spmm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
+    return [SpmmSpec(nnz, width, nodes, nodes, float(cv), dtype) for nnz, width, nodes, cv in _grid(cfg, "nnz", "width", "nodes", "index_cv")]
+
+
+def small_op_specs(family: str, cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
+    if family == "elementwise":
+        out: list[KernelSpec] = []
+        for op, numel in _grid(cfg, "op", "numel"):
+            out.append(ElementwiseSpec(op, numel, "int64" if op == "floordiv" else dtype))
+        return out
+    if family == "softmax":
+        return [SoftmaxSpec(r, c, dtype) for r, c in _grid(cfg, "rows", "cols")]
+    if family == "topk":
+        return [TopkSpec(r, c, k, dtype) for r, c, k in _grid(cfg, "rows", "cols", "k") if k <= c]
+    if family == "sort":
+        return [SortSpec(n, "int64") for (n,) in _grid(cfg, "n")]
+    if family == "histogram":
+        return [HistogramSpec(n, b) for n, b in _grid(cfg, "n", "bins")]
+    raise ValueError(f"unknown small-op family {family!r}")
+
+
+def expand_suite(
+    suite: Mapping[str, Any],
+    *,
+    dtype: str,
+    selected: Iterable[str] | None,
+    scatter_backends: Iterable[str],
+    memory_bytes: int,
+) -> list[tuple[str, KernelSpec]]:
+    """(tag, descriptor) pairs for the selected families of a suite, validated."""
+    known = families()
+    in_suite = [f for f in suite["families"] if f in suite]
+    for f in suite["families"]:
+        if f not in known:
+            raise ValueError(f"suite {suite.get('name')!r} lists unknown family {f!r}; known: {list(known)}")
+    chosen = list(in_suite if selected is None else selected)
+    for f in chosen:
+        if f not in known:
+            raise ValueError(f"bench.families: unknown family {f!r}; allowed: {list(known)}")
+        if f not in in_suite:
+            raise ValueError(f"bench.families: suite {suite.get('name')!r} has no grid for {f!r}; it has {in_suite}")
+
+    out: list[tuple[str, KernelSpec]] = []
+    for family in chosen:
+        cfg = suite[family]
+        if family == "gemm":
+            out += [("grid", s) for s in gemm_specs(cfg, dtype)]
+            trio = cfg.get("equal_flops_trio")
+            if trio:
+                flops = trio_flops(memory_bytes, dtype, int(trio["max_operand_bytes"]))
+                out += [(f"trio:{name}", s) for name, s in equal_flops_trio(flops, dtype)]
+        elif family == "grouped_gemm":
+            out += [("grid", s) for s in grouped_gemm_specs(cfg, dtype)]
+        elif family == "gather":
+            out += [("grid", s) for s in gather_specs(cfg, dtype)]
+        elif family == "scatter":
+            out += [("grid", s) for s in scatter_specs(cfg, dtype, scatter_backends)]
+        elif family == "spmm":
+            out += [("grid", s) for s in spmm_specs(cfg, dtype)]
+        else:
+            out += [("grid", s) for s in small_op_specs(family, cfg, dtype)]
+    # one row per descriptor, first tag wins
+    seen: dict[str, tuple[str, KernelSpec]] = {}
+    for tag, spec in out:
+        seen.setdefault(spec.key(), (tag, spec))
+    return list(seen.values())

@@ -1,0 +1,185 @@
+"""Timing harness: a callable in, a ``Measurement`` out (never a bare float).
+
+CPU: ``torch.utils.benchmark.Timer.blocked_autorange`` (its block-size estimate is the
+warm-up; blocks are repeated until a time budget *and* a minimum count of blocks are
+reached), thread count taken from torch.
+
+CUDA: the recipe of Triton's ``triton.testing.do_bench``: estimate from a few runs,
+warm up, then time every repeat with its own pair of CUDA events, optionally zeroing a
+buffer larger than L2 before each repeat (cold-cache timing), and synchronise once at
+the end.
+
+Noise: a measurement whose IQR/median exceeds ``max_rel_iqr`` is retried; if every
+attempt is noisy the least noisy one is kept and flagged ``noisy=True`` in the data
+(torch.utils.benchmark warns at IQR/median > 0.1, common.py; the default here is
+stricter because the cost model's targets are a few percent).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.utils.benchmark as benchmark
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How hard to try for a clean number. Every default says what it is for."""
+
+    min_run_time_s: float = 0.2  # CPU: budget per attempt of blocked_autorange
+    min_runs: int = 7  # at least this many timed blocks, so median and IQR mean something
+    max_rel_iqr: float = 0.05  # IQR/median above this counts as noisy and is retried
+    retries: int = 2  # extra attempts for a noisy measurement
+    cuda_warmup_ms: float = 25.0  # do_bench's default warm-up budget
+    cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
+    cuda_flush_l2: bool = True  # zero a buffer > L2 before each repeat (cold cache)
+    cuda_flush_bytes: int = 256 * 1024 * 1024  # larger than any current L2 (H200: 60 MiB)
+
+    def __post_init__(self) -> None:
+        if self.min_run_time_s <= 0:
+            raise ValueError(f"timing.min_run_time_s must be > 0, got {self.min_run_time_s}")
+        if self.min_runs < 3:
+            raise ValueError(f"timing.min_runs must be >= 3 (median/IQR need them), got {self.min_runs}")
+        if not 0 < self.max_rel_iqr < 1:
+            raise ValueError(f"timing.max_rel_iqr must be in (0, 1), got {self.max_rel_iqr}")
+        if self.retries < 0:
+            raise ValueError(f"timing.retries must be >= 0, got {self.retries}")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Repeated timings of one callable and their robust statistics (seconds)."""
+
+    times_s: tuple[float, ...]  # one entry per timed block: mean seconds per call
+    number_per_run: int  # calls per timed block
+    attempts: int  # 1 + retries used
+    noisy: bool  # IQR/median stayed above the threshold in every attempt
+    device: str
+    threads: int
+    spec: dict[str, Any] | None = field(default=None, compare=False)
+
+    @property
+    def median_s(self) -> float:
+        return float(statistics.median(self.times_s))
+
+    @property
+    def iqr_s(self) -> float:
+        q1, q3 = np.percentile(self.times_s, [25, 75])
+        return float(q3 - q1)
+
+    @property
+    def mean_s(self) -> float:
+        return float(np.mean(self.times_s))
+
+    @property
+    def std_s(self) -> float:
+        return float(np.std(self.times_s, ddof=1)) if len(self.times_s) > 1 else 0.0
+
+    @property
+    def rel_iqr(self) -> float:
+        return self.iqr_s / self.median_s
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation (std / mean) of the per-block times."""
+        return self.std_s / self.mean_s
+
+    def summary(self) -> dict[str, Any]:
+        """Flat row for tidy tables."""
+        return {
+            "median_s": self.median_s,
+            "iqr_s": self.iqr_s,
+            "mean_s": self.mean_s,
+            "cv": self.cv,
+            "rel_iqr": self.rel_iqr,
+            "runs": len(self.times_s),
+            "number_per_run": self.number_per_run,
+            "attempts": self.attempts,
+            "noisy": self.noisy,
+            "threads": self.threads,
+        }
+
+    def __str__(self) -> str:
+        flag = " NOISY" if self.noisy else ""
+        return (
+            f"{self.median_s * 1e6:,.1f} us (IQR {self.iqr_s * 1e6:,.1f} us, "
+            f"{len(self.times_s)} runs x {self.number_per_run}){flag}"
+        )
+
+
+def _time_cpu(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[float], int]:
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    m = timer.blocked_autorange(min_run_time=cfg.min_run_time_s)
+    times = list(m.times)  # per-call mean of each block (raw_times / number_per_run)
+    while len(times) < cfg.min_runs:  # slow kernels: blocked_autorange stops after a few
+        times.extend(timer.timeit(m.number_per_run).times)
+    return times, m.number_per_run
+
+
+def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -> tuple[list[float], int]:
+    flush = torch.empty(cfg.cuda_flush_bytes // 4, dtype=torch.int32, device=device) if cfg.cuda_flush_l2 else None
+    fn()
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        if flush is not None:
+            flush.zero_()
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+    n_warmup = max(1, int(cfg.cuda_warmup_ms / estimate_ms))
+    n_repeat = max(cfg.min_runs * 3, int(cfg.cuda_rep_ms / estimate_ms))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n_repeat)]
+    for _ in range(n_warmup):
+        fn()
+    for s, e in zip(starts, ends):
+        if flush is not None:
+            flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize(device)
+    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)], 1
+
+
+def measure(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    config: TimingConfig | None = None,
+    spec: dict[str, Any] | None = None,
+) -> Measurement:
+    """Time ``fn`` on ``device``; retry while noisy; return the least noisy attempt."""
+    cfg = config or TimingConfig()
+    device = torch.device(device)
+    best: tuple[list[float], int] | None = None
+    best_rel_iqr = float("inf")
+    attempts = 0
+    for attempts in range(1, cfg.retries + 2):
+        if device.type == "cuda":
+            times, number = _time_cuda(fn, cfg, device)
+        else:
+            times, number = _time_cpu(fn, cfg)
+        q1, median, q3 = np.percentile(times, [25, 50, 75])
+        rel_iqr = (q3 - q1) / median
+        if rel_iqr < best_rel_iqr:
+            best, best_rel_iqr = (times, number), rel_iqr
+        if rel_iqr <= cfg.max_rel_iqr:
+            break
+    assert best is not None
+    return Measurement(
+        times_s=tuple(float(t) for t in best[0]),
+        number_per_run=best[1],
+        attempts=attempts,
+        noisy=best_rel_iqr > cfg.max_rel_iqr,
+        device=str(device),
+        threads=torch.get_num_threads(),
+        spec=spec,
+    )
