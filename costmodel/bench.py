@@ -1,19 +1,21 @@
 """Measure a list of kernel descriptors into a device profile, with progress and resume.
 
-``measure_specs`` is the one loop that turns descriptors into profile rows: it skips
-what the profile already holds (resume, no duplicates), skips shapes too large for the
-device with a note in ``skipped.csv`` (never a crash), flushes rows to disk atomically
-every few seconds and on interruption (nothing measured is lost), and shows a progress
-bar.
+``measure_specs`` is the one loop that turns descriptors into profile rows: it makes
+``timing.rounds`` separate passes over the list (so minute-scale drift of a shared
+machine is averaged, not baked into some kernels), skips (kernel, round) pairs the profile
+already holds (resume, no duplicates), skips shapes too large for the device with a note
+in ``skipped.csv`` (never a crash), flushes rows to disk atomically every few seconds
+and on interruption (nothing measured is lost), and shows progress.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from costmodel.kernels import KernelSpec
@@ -41,9 +43,10 @@ class BenchResult:
     wall_s: float = 0.0
 
 
-def measurement_row(spec: KernelSpec, tag: str, summary: dict[str, Any], suite: str) -> dict[str, Any]:
+def measurement_row(spec: KernelSpec, tag: str, summary: dict[str, Any], suite: str, round_: int) -> dict[str, Any]:
     return {
         "key": spec.key(),
+        "round": round_,
         **spec.to_record(),
         "tag": tag,
         "flops": spec.flops(),
@@ -63,6 +66,40 @@ def _too_large(spec: KernelSpec, limits: SizeLimits) -> str | None:
     return None
 
 
+class _LogProgress(Progress):
+    """Progress for logs and CI (no terminal): one plain line every LOG_EVERY_S seconds."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self) -> None:
+        super().__init__(disable=True)
+        self._last = 0.0
+
+    def advance(self, task_id: Any, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        task = self._tasks[task_id]
+        now = time.perf_counter()
+        if now - self._last >= self.LOG_EVERY_S or task.completed == task.total:
+            self._last = now
+            eta = task.time_remaining
+            print(
+                f"{task.description}: {task.completed:.0f}/{task.total:.0f} "
+                f"elapsed {task.elapsed or 0:.0f}s eta {eta or 0:.0f}s {task.fields.get('current', '')}",
+                flush=True,
+            )
+
+
+def make_progress(show: bool) -> Progress:
+    """A live bar on a terminal, periodic plain lines otherwise, nothing if not ``show``."""
+    if show and not Console().is_terminal:
+        return _LogProgress()
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
+        disable=not show, transient=False,
+    )
+
+
 def measure_specs(
     tagged_specs: Sequence[tuple[str, KernelSpec]],
     profile: DeviceProfile,
@@ -75,12 +112,20 @@ def measure_specs(
     remeasure: bool = False,
     show_progress: bool = True,
 ) -> BenchResult:
-    """Measure every descriptor not yet in ``profile`` and append the rows."""
+    """Measure every (descriptor, round) not yet in ``profile`` and append the rows.
+
+    Rounds are separate passes over the whole list, so each kernel is sampled at
+    ``timing.rounds`` moments spread over the run; each round gets 1/rounds of the
+    time budget.
+    """
     start = time.perf_counter()
     result = BenchResult()
-    done = set() if remeasure else profile.measured_keys()
-    todo = [(tag, s) for tag, s in tagged_specs if s.key() not in done]
-    result.already = len(tagged_specs) - len(todo)
+    per_round = replace(timing, min_run_time_s=timing.min_run_time_s / timing.rounds)
+    done = set() if remeasure else profile.measured_rounds()
+    skipped_keys: set[str] = set()
+    noisy_keys: set[str] = set()
+    todo = [(r, tag, s) for r in range(timing.rounds) for tag, s in tagged_specs if (s.key(), r) not in done]
+    result.already = len(tagged_specs) - len({s.key() for _, _, s in todo})
     buffer: list[dict[str, Any]] = []
     last_flush = time.perf_counter()
 
@@ -93,21 +138,21 @@ def measure_specs(
             profile.record_skipped(result.skipped)
         last_flush = time.perf_counter()
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[current]}"),
-        disable=not show_progress, transient=False,
-    )
+    progress = make_progress(show_progress)
     try:
         with progress:
             task = progress.add_task(f"bench {suite}", total=len(todo), current="")
-            for tag, spec in todo:
-                progress.update(task, current=spec.label()[:60])
+            for round_, tag, spec in todo:
+                key = spec.key()
+                progress.update(task, current=f"round {round_ + 1}/{timing.rounds} {spec.label()[:60]}")
+                if key in skipped_keys:
+                    progress.advance(task)
+                    continue
                 reason = _too_large(spec, limits)
                 if reason is None:
                     try:
                         runner = make_runner(spec, device, pool_bytes=pool_bytes)
-                        m = measure(runner, device=device, config=timing)
+                        m = measure(runner, device=device, config=per_round)
                     except (torch.OutOfMemoryError, MemoryError) as err:
                         reason = f"out of memory: {str(err).splitlines()[0][:200]}"
                     finally:
@@ -115,11 +160,14 @@ def measure_specs(
                         if device.type == "cuda":
                             torch.cuda.empty_cache()
                 if reason is not None:
-                    result.skipped.append({"key": spec.key(), "family": spec.family, "label": spec.label(), "reason": reason})
+                    skipped_keys.add(key)
+                    result.skipped.append({"key": key, "family": spec.family, "label": spec.label(), "reason": reason})
                 else:
-                    buffer.append(measurement_row(spec, tag, m.summary(), suite))
-                    result.measured += 1
-                    result.noisy += int(m.noisy)
+                    buffer.append(measurement_row(spec, tag, m.summary(), suite, round_))
+                    result.measured += round_ == 0
+                    if m.noisy and key not in noisy_keys:
+                        noisy_keys.add(key)
+                        result.noisy += 1
                 if time.perf_counter() - last_flush > FLUSH_EVERY_S:
                     flush()
                 progress.advance(task)

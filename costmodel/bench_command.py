@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel.bench import measure_specs
-from costmodel.ceilings import _device_memory_bytes, measure_ceilings
+from costmodel.ceilings import device_memory_bytes, ensure_ceilings
 from costmodel.device import torch_scatter_version
 from costmodel.ops import scatter_backends_available
 from costmodel.profile import DeviceProfile
@@ -20,16 +21,6 @@ from costmodel.runtime import Runtime
 from costmodel.suite import expand_suite
 
 console = Console()
-
-
-def ensure_ceilings(rt: Runtime, profile: DeviceProfile, *, remeasure: bool = False) -> dict[str, Any]:
-    """The profile's ceilings, measuring them first if the profile has none."""
-    ceilings = profile.ceilings()
-    if ceilings is None or remeasure:
-        console.print("[bold]measuring ceilings[/] (peak matmul FLOP/s, copy bandwidth, per-call overhead)")
-        ceilings = measure_ceilings(rt.device, rt.dtype, rt.timing)
-        profile.write_ceilings(ceilings)
-    return ceilings
 
 
 def ceilings_table(ceilings: dict[str, Any]) -> Table:
@@ -76,19 +67,19 @@ def family_table(frame: pd.DataFrame) -> Table:
 def run(cfg: DictConfig) -> dict[str, Any]:
     suite = OmegaConf.to_container(cfg.suite, resolve=True)
     assert isinstance(suite, dict)
-    rt = Runtime.from_cfg(cfg, min_run_time_s=suite.get("min_run_time_s"))
+    rt = Runtime.from_cfg(cfg, timing_overrides=suite.get("timing"))
     selected = cfg.bench.families
     tagged = expand_suite(
         suite,
         dtype=rt.dtype,
         selected=list(selected) if selected is not None else None,
         scatter_backends=scatter_backends_available(),
-        memory_bytes=_device_memory_bytes(rt.device),
+        memory_bytes=device_memory_bytes(rt.device),
     )
     profile = rt.open_profile()
     console.print(f"device: {rt.fingerprint.describe()}\nprofile: {profile.path}")
     start = time.perf_counter()
-    ceilings = ensure_ceilings(rt, profile, remeasure=bool(cfg.bench.remeasure))
+    ceilings = ensure_ceilings(profile, rt.device, rt.dtype, rt.timing, remeasure=bool(cfg.bench.remeasure))
     console.print(ceilings_table(ceilings))
     result = measure_specs(
         tagged, profile, device=rt.device, timing=rt.timing, limits=rt.limits, suite=str(suite["name"]),
@@ -99,9 +90,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         "command": " ".join(sys.argv), "suite": suite["name"], "families": selected,
         "measured": result.measured, "already_present": result.already, "skipped": len(result.skipped),
         "noisy": result.noisy, "wall_s": wall_s, "torch_scatter": torch_scatter_version() or "absent",
-        "timing": OmegaConf.to_container(cfg.timing), "pool_bytes": rt.pool_bytes,
+        "timing": asdict(rt.timing), "pool_bytes": rt.pool_bytes,
     })
-    frame = profile.measurements()
+    frame = profile.kernels()
     console.print(family_table(frame))
     trio = trio_table(frame, ceilings)
     if trio is not None:

@@ -5,7 +5,8 @@
   (STREAM's "Copy" convention, McCalpin 1995);
 - per-call overhead: the median time of a one-element add (dispatch and launch cost);
 - ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
-  (Williams et al. 2009).
+  (Williams et al. 2009);
+- parallel units: SMs on a GPU, threads on a CPU (for the tile/wave features).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any
 import torch
 
 from costmodel.kernels import DTYPE_BYTES
+from costmodel.profile import DeviceProfile
 from costmodel.timing import Measurement, TimingConfig, measure
 
 
-def _device_memory_bytes(device: torch.device) -> int:
+def device_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     try:
@@ -29,7 +31,7 @@ def _device_memory_bytes(device: torch.device) -> int:
 
 def ceiling_sizes(device: torch.device, dtype: str) -> dict[str, Any]:
     """Shapes big enough to reach the roofs, small enough for this device's memory."""
-    mem = _device_memory_bytes(device)
+    mem = device_memory_bytes(device)
     if device.type == "cuda":
         gemm_sizes, copy_bytes = [4096, 8192, 16384 if dtype != "float32" else 8192], 4 * 1024**3
     else:
@@ -67,8 +69,14 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
     x = torch.ones(1, device=device, dtype=torch_dtype)
     m_tiny = measure(lambda: x + x, device=device, config=timing)
 
+    units = (
+        torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
+        else torch.get_num_threads()
+    )
     return {
         "dtype": dtype,
+        "device_kind": device.type,
+        "parallel_units": units,  # SMs on a GPU, threads on a CPU
         "peak_flops_per_s": peak,
         "bandwidth_bytes_per_s": bandwidth,
         "overhead_s": m_tiny.median_s,
@@ -79,3 +87,15 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
             "tiny_add": _row(m_tiny),
         },
     }
+
+
+def ensure_ceilings(
+    profile: DeviceProfile, device: torch.device, dtype: str, timing: TimingConfig, *, remeasure: bool = False
+) -> dict[str, Any]:
+    """The profile's ceilings, measuring (and saving) them first if it has none."""
+    ceilings = profile.ceilings()
+    if ceilings is None or remeasure:
+        print("measuring ceilings (peak matmul FLOP/s, copy bandwidth, per-call overhead)", flush=True)
+        ceilings = measure_ceilings(device, dtype, timing)
+        profile.write_ceilings(ceilings)
+    return ceilings

@@ -2,7 +2,7 @@
 
 A fingerprint names everything that changes kernel latency enough that a profile measured
 under one must not predict another: device name, torch version, BLAS backend, thread
-count, CUDA and driver versions, dtype. (Optional backends such as torch-scatter are
+count, CUDA and driver versions, dtype and host allocator mode. (Optional backends such as torch-scatter are
 recorded in a profile's provenance instead: installing one adds rows, it does not make
 the existing rows wrong.)
 """
@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import torch
 
+from costmodel.allocator import allocator_mode
 from costmodel.kernels import FLOAT_DTYPES
 
 DEVICE_KINDS = ("cpu", "cuda", "auto")
@@ -96,6 +97,7 @@ class Fingerprint:
     cuda_version: str
     driver_version: str
     dtype: str
+    allocator: str = "system"
 
     @property
     def id(self) -> str:
@@ -111,7 +113,7 @@ class Fingerprint:
         extra = f", CUDA {self.cuda_version}, driver {self.driver_version}" if self.device_kind == "cuda" else ""
         return (
             f"{self.device_name} ({self.device_kind}, {self.threads} threads, {self.dtype}, "
-            f"torch {self.torch_version}, {self.blas}{extra})"
+            f"torch {self.torch_version}, {self.blas}, {self.allocator} allocator{extra})"
         )
 
     def differences(self, other: "Fingerprint") -> dict[str, tuple[object, object]]:
@@ -141,4 +143,5 @@ def fingerprint(device: torch.device, dtype: str) -> Fingerprint:
         cuda_version=cuda_version,
         driver_version=driver,
         dtype=dtype,
+        allocator=allocator_mode(),
     )

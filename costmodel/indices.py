@@ -9,10 +9,12 @@ gives a requested CV.
 For multinomial counts, CV_realised^2 ~= CV_p^2 + N/E (the expected-count spread plus
 the sampling noise of E draws over N targets; variance of a multinomial cell,
 Var c_i = E p_i (1 - p_i)), so a CV below sqrt(N/E) cannot be asked for: it is the
-uniform index's own noise floor.
+uniform index's own noise floor; below it, a partly balanced index is used instead.
 """
 
 from __future__ import annotations
+
+from functools import lru_cache
 
 import numpy as np
 
@@ -67,10 +69,27 @@ def zipf_index(
     return index
 
 
+@lru_cache(maxsize=16)  # suites reuse one index across backends and reductions
 def index_for_cv(
     num_rows: int, num_targets: int, cv: float, *, sorted: bool, seed: int = 0
 ) -> tuple[np.ndarray, float]:
-    """An index with approximately the requested hit-count CV, and the CV it realised."""
-    exponent = exponent_for_cv(num_rows, num_targets, cv)
-    index = zipf_index(num_rows, num_targets, exponent, sorted=sorted, seed=seed)
+    """An index with approximately the requested hit-count CV, and the CV it realised.
+
+    Below the uniform draw's noise floor sqrt(N/E) the index mixes a balanced part
+    (targets taken in turn, CV ~ 0) with a uniform part: with a share q balanced,
+    CV^2 ~= (1 - q) N/E, so q = 1 - cv^2 E/N.
+    """
+    floor_sq = num_targets / num_rows
+    if cv * cv >= floor_sq:
+        index = zipf_index(num_rows, num_targets, exponent_for_cv(num_rows, num_targets, cv), sorted=sorted, seed=seed)
+    else:
+        rng = np.random.default_rng(seed)
+        n_balanced = int(round((1.0 - cv * cv / floor_sq) * num_rows))
+        balanced = rng.permutation(num_targets)[np.arange(n_balanced) % num_targets]
+        index = np.concatenate([balanced, rng.integers(0, num_targets, num_rows - n_balanced)]).astype(np.int64)
+        if sorted:
+            index.sort()
+        else:
+            rng.shuffle(index)
+    index.setflags(write=False)  # shared by the cache
     return index, counts_cv(index, num_targets)

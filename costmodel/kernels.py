@@ -267,6 +267,7 @@ class GatherSpec(KernelSpec):
     """
 
     family: ClassVar[str] = "gather"
+    allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64",)
     num_rows: int
     width: int
     num_src: int
@@ -316,6 +317,11 @@ class ScatterSpec(KernelSpec):
         _check_choice(self, "backend", SCATTER_BACKENDS)
         _check_choice(self, "reduce", SCATTER_BACKEND_REDUCES[self.backend])
         _check_cv(self, "index_cv")
+        if self.backend == "index_copy" and (self.index_cv != 0 or self.num_rows > self.num_dst):
+            raise ValueError(
+                "ScatterSpec with backend='index_copy' writes distinct destinations: it needs index_cv=0 "
+                f"and num_rows <= num_dst, got index_cv={self.index_cv}, num_rows={self.num_rows}, num_dst={self.num_dst}"
+            )
 
     def flops(self) -> float:
         # One add (or compare) per incoming element; a copy does no arithmetic.
@@ -452,7 +458,7 @@ class TopkSpec(KernelSpec):
 
 @dataclass(frozen=True)
 class SortSpec(KernelSpec):
-    """Sort n keys, returning sorted values and the permutation (``torch.sort``)."""
+    """Stable sort of n keys, returning sorted values and the permutation (``torch.sort``)."""
 
     family: ClassVar[str] = "sort"
     allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64", "int32")

@@ -149,7 +149,7 @@ def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sort(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    values, indices = torch.sort(x)
+    values, indices = torch.sort(x, stable=True)
     return values, indices
 
 

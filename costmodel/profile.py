@@ -4,15 +4,16 @@ A profile is a folder per device fingerprint under a root (config ``profile.root
 
     <root>/<fingerprint id>/
         fingerprint.json    what machine and software the numbers belong to
-        measurements.csv    tidy: one row per kernel (descriptor fields, FLOPs, bytes,
-                            median/IQR/CV seconds, repeats, noisy flag, suite, time)
+        measurements.csv    tidy: one row per kernel and round (descriptor fields, FLOPs,
+                            bytes, median/IQR/CV seconds, repeats, noisy flag, suite, time);
+                            ``kernels()`` combines a kernel's rounds into one row
         ceilings.json       measured peak FLOP/s, memory bandwidth, per-call overhead
         skipped.csv         kernels not measured (e.g. too large for memory) and why
         provenance.json     every bench run that wrote here (command, config, versions)
 
 Every file is written atomically (temp file + ``os.replace``), so an interrupted run
-leaves the last complete table; a rerun resumes by skipping kernels already measured,
-never duplicating a row. Opening a profile checks the fingerprint: a profile from one
+leaves the last complete table; a rerun resumes by skipping (kernel, round) pairs already
+measured, never duplicating a row. Opening a profile checks the fingerprint: a profile from one
 device is never mixed into, or used for, another.
 """
 
@@ -109,7 +110,7 @@ class DeviceProfile:
 
     # ------------------------------------------------------------------ measurements
     def measurements(self) -> pd.DataFrame:
-        """All measured rows (empty frame when nothing is measured yet)."""
+        """Every measured row: one per kernel and round (empty frame when none yet)."""
         file = self.path / MEASUREMENTS
         if not file.exists():
             return pd.DataFrame()
@@ -117,37 +118,65 @@ class DeviceProfile:
             frame = pd.read_csv(file)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
             raise ProfileError(f"{file} is corrupted: {err}") from None
-        missing = {"key", "family", "median_s"} - set(frame.columns)
+        missing = {"key", "round", "family", "median_s"} - set(frame.columns)
         if missing:
             raise ProfileError(f"{file} is corrupted: missing columns {sorted(missing)}")
         if frame["median_s"].isna().any() or (frame["median_s"] <= 0).any():
             raise ProfileError(f"{file} is corrupted: median_s must be a positive number in every row")
         return frame
 
+    def kernels(self) -> pd.DataFrame:
+        """One row per kernel: its rounds combined (the table cost models are fitted on).
+
+        ``median_s`` is the median of the round medians (rounds were measured in separate
+        passes over the suite, so slow drift of a shared machine is averaged out),
+        ``round_cv`` the coefficient of variation of the round medians (run-to-run noise),
+        ``iqr_s`` the median within-round IQR, ``noisy`` whether any round was flagged.
+        """
+        raw = self.measurements()
+        if raw.empty:
+            return raw
+        g = raw.groupby("key", sort=False)
+        first = g.first()
+        first["median_s"] = g["median_s"].median()
+        first["iqr_s"] = g["iqr_s"].median()
+        first["rounds"] = g.size()
+        first["round_cv"] = (g["median_s"].std(ddof=1) / g["median_s"].mean()).fillna(0.0)
+        first["noisy"] = g["noisy"].any()
+        first["rel_iqr"] = first["iqr_s"] / first["median_s"]
+        return first.reset_index().drop(columns=["round"])
+
+    def measured_rounds(self) -> set[tuple[str, int]]:
+        """(key, round) pairs already in the profile."""
+        frame = self.measurements()
+        return set(zip(frame["key"], frame["round"].astype(int))) if len(frame) else set()
+
     def measured_keys(self) -> set[str]:
         frame = self.measurements()
         return set(frame["key"]) if len(frame) else set()
 
     def append_measurements(self, rows: Iterable[dict[str, Any]], *, replace: bool = False) -> int:
-        """Add rows atomically; a key already present is kept (or replaced with ``replace``)."""
+        """Add rows atomically; a (key, round) already present is kept (or replaced)."""
         new = pd.DataFrame(list(rows))
         if new.empty:
             return 0
         old = self.measurements()
         if len(old):
+            ids_old = old["key"] + "#" + old["round"].astype(str)
+            ids_new = new["key"] + "#" + new["round"].astype(str)
             if replace:
-                old = old[~old["key"].isin(new["key"])]
+                old = old[~ids_old.isin(ids_new)]
             else:
-                new = new[~new["key"].isin(old["key"])]
+                new = new[~ids_new.isin(ids_old)]
             frame = pd.concat([old, new], ignore_index=True)
         else:
             frame = new
-        frame = frame.drop_duplicates("key", keep="last")
+        frame = frame.drop_duplicates(["key", "round"], keep="last")
         atomic_write_csv(self.path / MEASUREMENTS, frame)
         return len(new)
 
     def specs(self) -> list[KernelSpec]:
-        return [from_record(r) for r in self.measurements().to_dict("records")]
+        return [from_record(r) for r in self.kernels().to_dict("records")]
 
     # ------------------------------------------------------------------ skipped
     def skipped(self) -> pd.DataFrame:

@@ -39,12 +39,14 @@ Inputs = tuple[Any, ...]
 
 
 def _randn(shape: tuple[int, ...], dtype: str, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    if dtype.startswith("int"):
+        return torch.randint(0, 1 << 20, shape, generator=gen).to(device=device, dtype=getattr(torch, dtype))
     return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=getattr(torch, dtype))
 
 
 def _index(num_rows: int, num_targets: int, cv: float, sorted_: bool, seed: int, device: torch.device) -> torch.Tensor:
     index, _ = index_for_cv(num_rows, num_targets, cv, sorted=sorted_, seed=seed)
-    return torch.from_numpy(index).to(device)
+    return torch.from_numpy(index.copy()).to(device)  # the cached array is read-only
 
 
 def csr_from_index(dst: np.ndarray | torch.Tensor, src: np.ndarray | torch.Tensor, num_dst: int, num_src: int,
@@ -73,7 +75,7 @@ def _build(spec: KernelSpec, device: torch.device, seed: int) -> tuple[Callable[
         offsets = torch.tensor(np.cumsum(spec.tokens_per_expert), dtype=torch.int32, device=device)
         return ops.grouped_mm, (_randn((spec.total_tokens, spec.k), dt, device, gen), w, offsets)
     if isinstance(spec, GatherSpec):
-        src = _randn((spec.num_src, spec.width), dt, device, gen)
+        src = _randn((spec.num_src, spec.width) if spec.width > 1 else (spec.num_src,), dt, device, gen)
         return ops.gather, (src, _index(spec.num_rows, spec.num_src, spec.index_cv, spec.sorted, seed, device))
     if isinstance(spec, ScatterSpec):
         src = _randn((spec.num_rows, spec.width), dt, device, gen)

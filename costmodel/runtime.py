@@ -1,8 +1,8 @@
 """The resolved run-time context shared by every entry point (conf/base.yaml).
 
 ``Runtime.from_cfg`` validates device, dtype, threads and timing settings before any work
-starts, sets torch's thread count, and computes the device fingerprint and the profile
-folder that belongs to it.
+starts, sets torch's thread count and the host allocator mode, and computes the device
+fingerprint and the profile folder that belongs to it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import torch
 from hydra.utils import to_absolute_path
 
+from costmodel.allocator import configure_allocator
 from costmodel.bench import SizeLimits
 from costmodel.device import Fingerprint, check_dtype, fingerprint, resolve_device
 from costmodel.profile import DeviceProfile
@@ -39,7 +40,8 @@ class Runtime:
     seed: int
 
     @classmethod
-    def from_cfg(cls, cfg: Mapping[str, Any], *, min_run_time_s: float | None = None) -> "Runtime":
+    def from_cfg(cls, cfg: Mapping[str, Any], *, timing_overrides: Mapping[str, Any] | None = None) -> "Runtime":
+        configure_allocator(str(cfg.get("allocator", "steady")))
         device = resolve_device(str(cfg["device"]))
         dtype = str(cfg["dtype"])
         check_dtype(dtype, device)
@@ -48,9 +50,7 @@ class Runtime:
             if not isinstance(threads, int) or threads < 1:
                 raise ValueError(f"threads must be a positive integer or null, got {threads!r}")
             torch.set_num_threads(threads)
-        timing_cfg = dict(cfg["timing"])
-        if min_run_time_s is not None:
-            timing_cfg["min_run_time_s"] = float(min_run_time_s)
+        timing_cfg = {**dict(cfg["timing"]), **dict(timing_overrides or {})}
         limits = cfg["limits"][device.type]
         pool_bytes = int(cfg.get("pool_bytes", 0))
         if pool_bytes < 0:

@@ -54,6 +54,32 @@ def power_law_counts(total: int, experts: int, exponent: float) -> tuple[int, ..
     return tuple(int(c) for c in counts)
 
 
+def capped_power_law_counts(total: int, experts: int, exponent: float, cap: int) -> tuple[int, ...]:
+    """``power_law_counts`` with no expert above ``cap`` (water-filling the excess onto the
+    next experts): top-k routing without replacement never gives an expert more than the
+    number of tokens."""
+    if cap * experts < total:
+        raise ValueError(f"cannot place {total} tokens on {experts} experts of capacity {cap}")
+    weights = np.arange(1, experts + 1, dtype=np.float64) ** (-float(exponent))
+    share = np.zeros(experts)
+    free = np.ones(experts, dtype=bool)
+    remaining = float(total)
+    while remaining > 1e-9 and free.any():
+        alloc = remaining * weights * free / (weights * free).sum()
+        over = free & (share + alloc >= cap)
+        if not over.any():
+            share += alloc
+            break
+        remaining -= (cap - share[over]).sum()
+        share[over] = cap
+        free &= ~over
+    counts = np.floor(share).astype(np.int64)
+    rest = total - int(counts.sum())
+    order = np.argsort(-(share - counts), kind="stable")
+    counts[order[:rest]] += 1
+    return tuple(int(c) for c in counts)
+
+
 def equal_flops_trio(total_flops: float, dtype: str) -> list[tuple[str, GemmSpec]]:
     """Balanced, medium-skinny (M=32) and tall-skinny (M=1) GEMMs with equal 2MKN."""
     k = 4096

@@ -1,8 +1,9 @@
 """Timing harness: a callable in, a ``Measurement`` out (never a bare float).
 
-CPU: ``torch.utils.benchmark.Timer.blocked_autorange`` (its block-size estimate is the
-warm-up; blocks are repeated until a time budget *and* a minimum count of blocks are
-reached), thread count taken from torch.
+CPU: ``torch.utils.benchmark.Timer`` as ``blocked_autorange`` uses it, with a cheaper
+block-size rule: one warm-up call, one timed call as the estimate, then blocks of
+``number`` calls (at least 1 ms each, so timer overhead stays below 0.1%) repeated until
+a time budget *and* a minimum count of blocks are reached; thread count taken from torch.
 
 CUDA: the recipe of Triton's ``triton.testing.do_bench``: estimate from a few runs,
 warm up, then time every repeat with its own pair of CUDA events, optionally zeroing a
@@ -18,12 +19,16 @@ stricter because the cost model's targets are a few percent).
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 import torch
 import torch.utils.benchmark as benchmark
+
+
+CPU_MIN_BLOCK_S = 1e-3  # shortest timed block on CPU
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class TimingConfig:
     min_runs: int = 7  # at least this many timed blocks, so median and IQR mean something
     max_rel_iqr: float = 0.05  # IQR/median above this counts as noisy and is retried
     retries: int = 2  # extra attempts for a noisy measurement
+    rounds: int = 3  # separate passes over a suite or sweep; a kernel's value is the median of its rounds
     cuda_warmup_ms: float = 25.0  # do_bench's default warm-up budget
     cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
     cuda_flush_l2: bool = True  # zero a buffer > L2 before each repeat (cold cache)
@@ -46,6 +52,8 @@ class TimingConfig:
             raise ValueError(f"timing.min_runs must be >= 3 (median/IQR need them), got {self.min_runs}")
         if not 0 < self.max_rel_iqr < 1:
             raise ValueError(f"timing.max_rel_iqr must be in (0, 1), got {self.max_rel_iqr}")
+        if self.rounds < 1:
+            raise ValueError(f"timing.rounds must be >= 1, got {self.rounds}")
         if self.retries < 0:
             raise ValueError(f"timing.retries must be >= 0, got {self.retries}")
 
@@ -113,11 +121,16 @@ class Measurement:
 
 def _time_cpu(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[float], int]:
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    m = timer.blocked_autorange(min_run_time=cfg.min_run_time_s)
-    times = list(m.times)  # per-call mean of each block (raw_times / number_per_run)
-    while len(times) < cfg.min_runs:  # slow kernels: blocked_autorange stops after a few
-        times.extend(timer.timeit(m.number_per_run).times)
-    return times, m.number_per_run
+    timer.timeit(1)  # warm-up: first-call costs (allocation, lazy init) stay out of the data
+    estimate = max(timer.timeit(1).times[0], 1e-7)
+    # blocks long enough that timer overhead (~1 us) is < 0.1%, short enough for many blocks
+    block_s = max(CPU_MIN_BLOCK_S, cfg.min_run_time_s / (4 * cfg.min_runs))
+    number = max(1, int(block_s / estimate))
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < cfg.min_runs or time.perf_counter() - start < cfg.min_run_time_s:
+        times.extend(timer.timeit(number).times)  # per-call mean of one block
+    return times, number
 
 
 def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -> tuple[list[float], int]:

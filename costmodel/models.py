@@ -1,0 +1,305 @@
+"""Cost models L0-L3: kernel table -> predicted seconds, as scikit-learn estimators.
+
+Each model takes a kernel table (``costmodel.features.kernel_table``; a profile's
+measurements are one) as X and latency in seconds as y. Constructors only store their
+keyword-only parameters, ``fit`` returns self, fitted attributes end in ``_``, so the
+models compose with ``Pipeline``, ``cross_validate`` and grid search.
+
+- L0 ``FlopsOverPeak``: FLOPs / measured peak FLOP/s: what people do today.
+- L1 ``FamilyAchievedRate``: FLOPs / the family's median achieved FLOP/s in training
+  (bytes / achieved bytes/s for kernels without FLOPs: gather, sort, histogram, copies).
+- L2 ``Roofline``: max(FLOPs/peak, bytes/bandwidth) + per-call overhead, with measured
+  ceilings (Williams, Waterman & Patterson, CACM 2009).
+- L3 ``FittedCostModel``: per family, a regression of log10(measured / roofline) on the
+  features of ``costmodel.features``. Learning the log residual over the roofline keeps
+  extrapolation sane (far outside the data the prediction falls back to the roofline
+  scaled by a bounded efficiency, never a runaway polynomial), and errors are relative,
+  like the APE we report; the learned log-efficiency is also clipped to the range seen in
+  training (plus ``CLIP_MARGIN_DECADES``), so no form can run away. The form is chosen
+  per family by grouped cross-validation (folds never split one shape): see
+  ``L3_CANDIDATES`` for the forms and why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, RegressorMixin, clone
+from sklearn.ensemble import HistGradientBoostingRegressor
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import ConstantKernel, RBF, WhiteKernel
+from sklearn.linear_model import RidgeCV
+from sklearn.model_selection import GroupKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import PolynomialFeatures, StandardScaler
+
+from costmodel.features import RANGE_FEATURES, family_features, roofline_time_s
+from costmodel.kernels import families
+
+#: families whose work is counted in bytes by L1 (they do no floating-point arithmetic)
+BYTE_WORK_FAMILIES = ("gather", "sort", "histogram")
+MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median efficiency
+#: L3's log10 efficiency is clipped to the training range widened by this much (x1.26):
+#: no model form may promise an efficiency far outside anything measured on the device
+CLIP_MARGIN_DECADES = 0.1
+
+
+def _check_table(X: pd.DataFrame) -> None:
+    if not isinstance(X, pd.DataFrame):
+        raise TypeError(f"cost models take a kernel table (pandas DataFrame), got {type(X).__name__}")
+    missing = {"family", "flops", "bytes_moved"} - set(X.columns)
+    if missing:
+        raise ValueError(f"kernel table is missing columns {sorted(missing)}")
+    unknown = set(X["family"].unique()) - set(families())
+    if unknown:
+        raise ValueError(f"kernel table holds unknown families {sorted(unknown)}; known: {list(families())}")
+
+
+def _ceilings(ceilings: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if ceilings is None:
+        raise ValueError("this model needs the device's measured ceilings (ceilings=...)")
+    return ceilings
+
+
+def ape_pct(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """Absolute percentage error |pred - meas| / meas * 100."""
+    return 100.0 * np.abs(np.asarray(predicted) - np.asarray(measured)) / np.asarray(measured)
+
+
+def kernel_work(X: pd.DataFrame) -> np.ndarray:
+    """FLOPs, or ideal bytes for kernels that do no floating-point work (gather, sort,
+    histogram, copies): the quantity L1 divides by a family's achieved rate."""
+    bytes_work = X["family"].isin(BYTE_WORK_FAMILIES).to_numpy() | (X["flops"].to_numpy() <= 0)
+    return np.where(bytes_work, X["bytes_moved"], X["flops"]).astype(np.float64)
+
+
+class FlopsOverPeak(RegressorMixin, BaseEstimator):
+    """L0: latency = FLOPs / peak FLOP/s (zero for kernels that do no arithmetic)."""
+
+    def __init__(self, *, ceilings: Mapping[str, Any] | None = None) -> None:
+        self.ceilings = ceilings
+
+    def fit(self, X: pd.DataFrame, y: Any = None) -> "FlopsOverPeak":
+        _check_table(X)
+        self.peak_flops_per_s_ = float(_ceilings(self.ceilings)["peak_flops_per_s"])
+        return self
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        _check_table(X)
+        return X["flops"].to_numpy(dtype=np.float64) / self.peak_flops_per_s_
+
+
+class FamilyAchievedRate(RegressorMixin, BaseEstimator):
+    """L1: latency = work / the family's median achieved rate in the training data."""
+
+    def fit(self, X: pd.DataFrame, y: Any) -> "FamilyAchievedRate":
+        _check_table(X)
+        work = self._work(X)
+        rate = pd.Series(work / np.asarray(y, dtype=np.float64), index=X.index)
+        self.rate_ = rate.groupby(X["family"]).median().to_dict()
+        return self
+
+    @staticmethod
+    def _work(X: pd.DataFrame) -> np.ndarray:
+        return kernel_work(X)
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        _check_table(X)
+        missing = set(X["family"].unique()) - set(self.rate_)
+        if missing:
+            raise ValueError(f"L1 was fitted without families {sorted(missing)}; refit on a profile that has them")
+        return self._work(X) / X["family"].map(self.rate_).to_numpy(dtype=np.float64)
+
+
+class Roofline(RegressorMixin, BaseEstimator):
+    """L2: latency = max(FLOPs/peak, bytes/bandwidth) + per-call overhead."""
+
+    def __init__(self, *, ceilings: Mapping[str, Any] | None = None) -> None:
+        self.ceilings = ceilings
+
+    def fit(self, X: pd.DataFrame, y: Any = None) -> "Roofline":
+        _check_table(X)
+        self.ceilings_ = dict(_ceilings(self.ceilings))
+        return self
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        _check_table(X)
+        return roofline_time_s(
+            X["flops"].to_numpy(dtype=np.float64), X["bytes_moved"].to_numpy(dtype=np.float64), self.ceilings_
+        )
+
+
+# ----------------------------------------------------------------------------- L3
+
+
+def _gp() -> Any:
+    kernel = ConstantKernel(1.0, (1e-3, 1e2)) * RBF(length_scale=1.0, length_scale_bounds=(1e-2, 1e3)) + WhiteKernel(
+        1e-3, (1e-6, 1e0)
+    )
+    return make_pipeline(StandardScaler(), GaussianProcessRegressor(kernel=kernel, normalize_y=True, random_state=0))
+
+
+#: L3 model forms tried per family (all on log10(measured / roofline)):
+#: - "gp": Gaussian process with an RBF kernel plus white noise on standardised features:
+#:   smooth interpolation between measured shapes (GEMM efficiency changes smoothly with
+#:   M, K, N between the blocking steps), noise estimated rather than memorised, and a
+#:   prior mean far from data, i.e. sane extrapolation;
+#: - "gbm": histogram gradient boosting: captures sharp steps (thread partitioning,
+#:   cache-size cliffs, backend switches) that a smooth model blurs;
+#: - "ridge2": ridge on degree-2 polynomial features: the simple baseline.
+#: The winner per family is the lowest median APE under grouped K-fold CV; the choice and
+#: every candidate's CV error are stored in ``chosen_`` and ``cv_median_ape_pct_``.
+L3_CANDIDATES: dict[str, Any] = {
+    "gp": _gp,
+    "gbm": lambda: HistGradientBoostingRegressor(
+        max_iter=400, learning_rate=0.05, min_samples_leaf=4, l2_regularization=1e-3, random_state=0
+    ),
+    "ridge2": lambda: make_pipeline(
+        StandardScaler(), PolynomialFeatures(2), RidgeCV(alphas=np.logspace(-4, 3, 15))
+    ),
+}
+
+
+def shape_groups(X: pd.DataFrame) -> np.ndarray:
+    """Group id per row: the shape without implementation choices (backend, impl, reduce).
+
+    Held-out splits and CV folds keep all rows of one shape together, so a test shape is
+    never seen in training under another backend or as a repeated row.
+    """
+    ignore = {"key", "backend", "impl", "reduce", "tag", "suite", "measured_at"}
+    shape_cols = [c for c in X.columns if c not in ignore and c in _DESCRIPTOR_COLUMNS]
+    return pd.util.hash_pandas_object(X[shape_cols].astype(str), index=False).to_numpy()
+
+
+_DESCRIPTOR_COLUMNS = {
+    "family", "m", "k", "n", "dtype", "tokens_per_expert", "num_rows", "width", "num_src", "num_dst",
+    "index_cv", "sorted", "nnz", "op", "numel", "rows", "cols", "bins",
+}
+
+
+class FittedCostModel(RegressorMixin, BaseEstimator):
+    """L3: per-family regression of log10(latency / roofline) on shape features."""
+
+    def __init__(
+        self,
+        *,
+        ceilings: Mapping[str, Any] | None = None,
+        candidates: tuple[str, ...] = ("gp", "gbm", "ridge2"),
+        cv_folds: int = 4,
+    ) -> None:
+        self.ceilings = ceilings
+        self.candidates = candidates
+        self.cv_folds = cv_folds
+
+    def _target(self, X: pd.DataFrame, y: Any) -> np.ndarray:
+        roof = roofline_time_s(X["flops"].to_numpy(float), X["bytes_moved"].to_numpy(float), self.ceilings_)
+        return np.log10(np.asarray(y, dtype=np.float64) / roof)
+
+    def fit(self, X: pd.DataFrame, y: Any) -> "FittedCostModel":
+        _check_table(X)
+        for c in self.candidates:
+            if c not in L3_CANDIDATES:
+                raise ValueError(f"L3 candidates must be among {list(L3_CANDIDATES)}, got {c!r}")
+        if self.cv_folds < 2:
+            raise ValueError(f"cv_folds must be >= 2, got {self.cv_folds}")
+        self.ceilings_ = dict(_ceilings(self.ceilings))
+        y = np.asarray(y, dtype=np.float64)
+        target = self._target(X, y)
+        groups = shape_groups(X)
+        self.models_: dict[str, Any] = {}
+        self.chosen_: dict[str, str] = {}
+        self.cv_median_ape_pct_: dict[str, dict[str, float]] = {}
+        self.feature_ranges_: dict[str, dict[str, tuple[float, float]]] = {}
+        self.feature_names_: dict[str, list[str]] = {}
+        self.target_range_: dict[str, tuple[float, float]] = {}
+        for family, idx in X.groupby("family").indices.items():
+            rows = X.iloc[idx]
+            feats = family_features(rows, family, self.ceilings_)
+            self.feature_names_[family] = list(feats.columns)
+            self.feature_ranges_[family] = {
+                c: (float(feats[c].min()), float(feats[c].max())) for c in feats.columns if c in RANGE_FEATURES
+            }
+            t = target[idx]
+            self.target_range_[family] = (float(t.min()) - CLIP_MARGIN_DECADES, float(t.max()) + CLIP_MARGIN_DECADES)
+            n_groups = len(np.unique(groups[idx]))
+            if len(idx) < MIN_ROWS_FOR_CV or n_groups < self.cv_folds:
+                self.models_[family] = float(np.median(t))
+                self.chosen_[family] = "median_efficiency"
+                continue
+            scores = {
+                name: self._cv_score(name, feats.to_numpy(), t, y[idx], groups[idx]) for name in self.candidates
+            }
+            best = min(scores, key=scores.get)
+            self.cv_median_ape_pct_[family] = scores
+            self.chosen_[family] = best
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # GP optimiser convergence chatter
+                self.models_[family] = L3_CANDIDATES[best]().fit(feats.to_numpy(), t)
+        return self
+
+    def _cv_score(self, name: str, F: np.ndarray, t: np.ndarray, y: np.ndarray, groups: np.ndarray) -> float:
+        errors = []
+        for train, test in GroupKFold(n_splits=self.cv_folds).split(F, t, groups):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = L3_CANDIDATES[name]().fit(F[train], t[train])
+            lo, hi = t[train].min() - CLIP_MARGIN_DECADES, t[train].max() + CLIP_MARGIN_DECADES
+            predicted = y[test] / 10 ** t[test] * 10 ** np.clip(model.predict(F[test]), lo, hi)  # roofline * eff.
+            errors.append(ape_pct(predicted, y[test]))
+        return float(np.median(np.concatenate(errors)))
+
+    def predict(self, X: pd.DataFrame) -> np.ndarray:
+        _check_table(X)
+        missing = set(X["family"].unique()) - set(self.models_)
+        if missing:
+            raise ValueError(
+                f"L3 was fitted without families {sorted(missing)}; measure them "
+                f"(python -m costmodel bench bench.families=[{','.join(sorted(missing))}]) and refit"
+            )
+        roof = roofline_time_s(X["flops"].to_numpy(float), X["bytes_moved"].to_numpy(float), self.ceilings_)
+        log_eff = np.empty(len(X))
+        for family, idx in X.groupby("family").indices.items():
+            model = self.models_[family]
+            if isinstance(model, float):
+                log_eff[idx] = model
+                continue
+            feats = family_features(X.iloc[idx], family, self.ceilings_)
+            self._warn_out_of_range(family, feats)
+            lo, hi = self.target_range_[family]
+            log_eff[idx] = np.clip(model.predict(feats.to_numpy()), lo, hi)
+        return roof * 10**log_eff
+
+    def _warn_out_of_range(self, family: str, feats: pd.DataFrame) -> None:
+        for name, (lo, hi) in self.feature_ranges_.get(family, {}).items():
+            values = feats[name].to_numpy()
+            tol = 1e-9 + 0.02 * (hi - lo)
+            outside = (values < lo - tol) | (values > hi + tol)
+            if outside.any():
+                bad = values[outside]
+                warnings.warn(
+                    f"{family}: {int(outside.sum())} queries have {name} in [{bad.min():.3g}, {bad.max():.3g}], "
+                    f"outside the fitted range [{lo:.3g}, {hi:.3g}]: extrapolating",
+                    ExtrapolationWarning,
+                    stacklevel=3,
+                )
+
+
+class ExtrapolationWarning(UserWarning):
+    """A prediction was asked for outside the range the model was fitted on."""
+
+
+def make_levels(ceilings: Mapping[str, Any], *, cv_folds: int = 4) -> dict[str, BaseEstimator]:
+    """Unfitted L0-L3 for a device's ceilings."""
+    return {
+        "L0": FlopsOverPeak(ceilings=ceilings),
+        "L1": FamilyAchievedRate(),
+        "L2": Roofline(ceilings=ceilings),
+        "L3": FittedCostModel(ceilings=ceilings, cv_folds=cv_folds),
+    }
+
+
+def clone_level(model: BaseEstimator) -> BaseEstimator:
+    return clone(model)

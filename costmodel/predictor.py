@@ -1,0 +1,131 @@
+"""``CostModel``: fitted L0-L3 for one device profile, persisted beside it.
+
+Fitting reads a profile's measurements; the fitted bundle is saved as
+``<profile>/models.joblib`` with ``models.json`` naming the profile's content hash and
+fingerprint. Loading refuses a bundle from another fingerprint (``ProfileMismatchError``)
+and reports a stale one (fitted before the profile changed) so callers can refit.
+
+Prediction is vectorised: many descriptors (or a ready kernel table) in, one DataFrame
+out, a column per level.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import joblib
+import numpy as np
+import pandas as pd
+import sklearn
+
+from costmodel.device import Fingerprint, ProfileMismatchError
+from costmodel.features import kernel_table
+from costmodel.kernels import KernelSpec
+from costmodel.models import make_levels
+from costmodel.profile import DeviceProfile, ProfileError, atomic_write_json
+
+LEVELS = ("L0", "L1", "L2", "L3")
+MODELS_FILE = "models.joblib"
+MODELS_META = "models.json"
+MIN_ROWS_TO_FIT = 10
+
+
+class StaleModelError(RuntimeError):
+    """The saved models were fitted on an older version of the profile."""
+
+
+def training_table(profile: DeviceProfile) -> tuple[pd.DataFrame, np.ndarray, Mapping[str, Any]]:
+    """(kernel table, measured seconds, ceilings) of a profile, with clear errors."""
+    frame = profile.kernels()
+    ceilings = profile.ceilings()
+    if ceilings is None:
+        raise ProfileError(f"profile {profile.path} has no ceilings.json; run `python -m costmodel bench`")
+    if len(frame) < MIN_ROWS_TO_FIT:
+        raise ProfileError(
+            f"profile {profile.path} has {len(frame)} measured kernels; at least {MIN_ROWS_TO_FIT} are needed "
+            "to fit (run `python -m costmodel bench`)"
+        )
+    return frame, frame["median_s"].to_numpy(dtype=np.float64), ceilings
+
+
+@dataclass
+class CostModel:
+    """Fitted levels plus the ceilings and fingerprint they belong to."""
+
+    fingerprint: Fingerprint
+    ceilings: Mapping[str, Any]
+    levels: dict[str, Any]
+    profile_hash: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ fitting
+    @classmethod
+    def fit_profile(cls, profile: DeviceProfile, *, cv_folds: int = 4) -> "CostModel":
+        X, y, ceilings = training_table(profile)
+        levels = {name: model.fit(X, y) for name, model in make_levels(ceilings, cv_folds=cv_folds).items()}
+        l3 = levels["L3"]
+        meta = {
+            "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "n_rows": int(len(X)),
+            "families": sorted(X["family"].unique()),
+            "l3_form": l3.chosen_,
+            "l3_cv_median_ape_pct": l3.cv_median_ape_pct_,
+            "sklearn": sklearn.__version__,
+        }
+        return cls(profile.fingerprint, dict(ceilings), levels, profile.content_hash(), meta)
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, profile: DeviceProfile) -> Path:
+        if profile.fingerprint != self.fingerprint:
+            raise ProfileMismatchError("refusing to save models beside another device's profile")
+        path = profile.path / MODELS_FILE
+        tmp = path.with_suffix(".tmp")
+        joblib.dump({"levels": self.levels, "ceilings": dict(self.ceilings)}, tmp)
+        tmp.replace(path)
+        atomic_write_json(
+            profile.path / MODELS_META,
+            {"profile_hash": self.profile_hash, "fingerprint": self.fingerprint.to_dict(), **self.meta},
+        )
+        return path
+
+    @classmethod
+    def load(cls, profile: DeviceProfile, *, expected: Fingerprint | None = None, allow_stale: bool = False) -> "CostModel":
+        """Saved models of ``profile``; refuses another fingerprint, and stale models unless allowed."""
+        meta_file, model_file = profile.path / MODELS_META, profile.path / MODELS_FILE
+        if not (meta_file.exists() and model_file.exists()):
+            raise ProfileError(f"no fitted models in {profile.path}; run `python -m costmodel fit`")
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        stored = dict(meta.pop("fingerprint"))
+        stored.pop("id", None)
+        fp = Fingerprint(**stored)
+        if expected is not None and fp != expected:
+            raise ProfileMismatchError(
+                f"models in {profile.path} were fitted for another device; differences (models, this process): "
+                f"{fp.differences(expected)}"
+            )
+        if fp != profile.fingerprint:
+            raise ProfileMismatchError(f"models in {profile.path} do not match the profile's own fingerprint")
+        profile_hash = meta.pop("profile_hash")
+        if profile_hash != profile.content_hash() and not allow_stale:
+            raise StaleModelError(f"models in {profile.path} were fitted before the profile last changed; refit")
+        bundle = joblib.load(model_file)
+        return cls(fp, bundle["ceilings"], bundle["levels"], profile_hash, meta)
+
+    # ------------------------------------------------------------------ prediction
+    def predict_table(self, table: pd.DataFrame, levels: Sequence[str] = LEVELS) -> pd.DataFrame:
+        """Predicted seconds per kernel-table row, one column per level."""
+        for name in levels:
+            if name not in self.levels:
+                raise ValueError(f"unknown cost-model level {name!r}; allowed: {list(self.levels)}")
+        return pd.DataFrame({name: self.levels[name].predict(table) for name in levels}, index=table.index)
+
+    def predict(self, specs: Iterable[KernelSpec], levels: Sequence[str] = LEVELS) -> pd.DataFrame:
+        """Predicted seconds per descriptor (vectorised), one column per level."""
+        table = kernel_table(specs)
+        if table.empty:
+            return pd.DataFrame(columns=list(levels), dtype=float)
+        return self.predict_table(table, levels)

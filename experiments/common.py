@@ -1,0 +1,197 @@
+"""What every experiment shares: interleaved measurement, the summary.json schema, tables, plots.
+
+summary.json has the same shape for every experiment::
+
+    {"experiment": str, "device": str, "n_points": int, "noise_cv_pct": float,
+     "median_ape_pct": {"L0": .., "L1": .., "L2": .., "L3": ..}, "p90_ape_pct": {...},
+     "max_ape_pct": {...}, "spearman": {...}, "details": {...}}
+
+APE is the absolute percentage error of predicted vs measured latency over every row of
+results.csv; ``noise_cv_pct`` is the median, over rows, of the coefficient of variation
+of that row's per-round medians (run-to-run noise, which bounds any model's accuracy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from scipy.stats import spearmanr  # noqa: E402
+
+from costmodel.bench import make_progress  # noqa: E402
+from costmodel.predictor import LEVELS  # noqa: E402
+from costmodel.timing import TimingConfig, measure  # noqa: E402
+
+console = Console(width=160)
+
+
+def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
+    """Hydra's run dir when launched by Hydra; else the given dir; else outputs/NAME/time."""
+    if out_dir is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            out_dir = HydraConfig.get().runtime.output_dir
+        except ValueError:
+            out_dir = Path("outputs") / str(cfg["name"]) / time.strftime("%Y-%m-%d_%H-%M-%S")
+    path = Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def measure_interleaved(
+    jobs: Sequence[Callable[[], Any]], *, device: torch.device, timing: TimingConfig, description: str,
+    progress: bool = True,
+) -> list[dict[str, float]]:
+    """Time every job in ``timing.rounds`` round-robin passes (each with 1/rounds of the
+    time budget, no retries: the rounds are the retries), so slow drift of a shared
+    machine spreads over all jobs instead of biasing the ones measured during a busy spell.
+
+    Per job: median of the round medians, IQR over all timed blocks, the CV of the round
+    medians (run-to-run noise) and whether any round was flagged noisy.
+    """
+    rounds = timing.rounds
+    per_round = replace(timing, min_run_time_s=timing.min_run_time_s / rounds, retries=0)
+    per_job: list[list[Any]] = [[] for _ in jobs]
+    bar = make_progress(progress)
+    with bar:
+        task = bar.add_task(description, total=len(jobs) * rounds, current="")
+        for r in range(rounds):
+            for i, job in enumerate(jobs):
+                bar.update(task, current=f"round {r + 1}/{rounds}")
+                per_job[i].append(measure(job, device=device, config=per_round))
+                bar.advance(task)
+    out = []
+    for ms in per_job:
+        medians = np.array([m.median_s for m in ms])
+        blocks = np.concatenate([np.asarray(m.times_s) for m in ms])
+        q1, q3 = np.percentile(blocks, [25, 75])
+        out.append({
+            "measured_s": float(np.median(medians)),
+            "measured_iqr_s": float(q3 - q1),
+            "round_cv": float(medians.std(ddof=1) / medians.mean()) if len(medians) > 1 else float(ms[0].cv),
+            "noisy": bool(any(m.noisy for m in ms)),
+        })
+    return out
+
+
+def add_errors(df: pd.DataFrame, levels: Sequence[str] = LEVELS) -> pd.DataFrame:
+    for lv in levels:
+        df[f"ape_{lv}_pct"] = 100 * (df[f"pred_{lv}_s"] - df["measured_s"]).abs() / df["measured_s"]
+    return df
+
+
+def _clean(x: float) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)
+
+
+def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] = LEVELS,
+            details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The summary.json every experiment writes (schema in the module docstring)."""
+    out: dict[str, Any] = {
+        "experiment": name,
+        "device": device,
+        "n_points": int(len(df)),
+        "noise_cv_pct": float(100 * df["round_cv"].median()) if "round_cv" in df else None,
+    }
+    for key, fn in (("median_ape_pct", np.median), ("p90_ape_pct", lambda a: np.percentile(a, 90)), ("max_ape_pct", np.max)):
+        out[key] = {lv: _clean(fn(df[f"ape_{lv}_pct"].to_numpy())) for lv in levels}
+    out["spearman"] = {
+        lv: _clean(spearmanr(df[f"pred_{lv}_s"], df["measured_s"]).statistic) if df[f"pred_{lv}_s"].nunique() > 1 else None
+        for lv in levels
+    }
+    out["details"] = dict(details or {})
+    return out
+
+
+def write_outputs(out: Path, df: pd.DataFrame, summ: Mapping[str, Any]) -> None:
+    df.to_csv(out / "results.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(summ, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    return str(o)
+
+
+def print_table(df: pd.DataFrame, columns: Mapping[str, str], title: str) -> None:
+    """Rich table of selected columns; format specs like '.3f', 'ms' (seconds shown as ms)."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for _, row in df.iterrows():
+        cells = []
+        for col, fmt in columns.items():
+            v = row[col]
+            if fmt == "ms":
+                cells.append(f"{v * 1e3:,.3f}")
+            elif fmt == "us":
+                cells.append(f"{v * 1e6:,.1f}")
+            elif fmt == "":
+                cells.append(str(v))
+            else:
+                cells.append(format(v, fmt))
+        table.add_row(*cells)
+    console.print(table)
+
+
+def print_summary(summ: Mapping[str, Any]) -> None:
+    table = Table(title=f"{summ['experiment']} on {summ['device']}: {summ['n_points']} points, "
+                        f"run-to-run noise {summ['noise_cv_pct'] or 0:.1f}% CV")
+    for col in ("level", "median APE %", "p90 APE %", "max APE %", "Spearman"):
+        table.add_column(col, justify="right")
+    def fmt(v: float | None, spec: str) -> str:
+        return "-" if v is None else format(v, spec)
+
+    for lv in summ["median_ape_pct"]:
+        table.add_row(lv, *(fmt(summ[k][lv], ".1f") for k in ("median_ape_pct", "p90_ape_pct", "max_ape_pct")),
+                      fmt(summ["spearman"][lv], ".3f"))
+    console.print(table)
+
+
+def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue: str | None = None,
+                               levels: Sequence[str] = ("L0", "L2", "L3")) -> None:
+    fig, axes = plt.subplots(1, len(levels), figsize=(4.2 * len(levels), 4.2), squeeze=False)
+    lo = min(df["measured_s"].min(), *(df[f"pred_{lv}_s"][df[f"pred_{lv}_s"] > 0].min() for lv in levels)) * 0.7
+    hi = max(df["measured_s"].max(), *(df[f"pred_{lv}_s"].max() for lv in levels)) * 1.4
+    for ax, lv in zip(axes[0], levels):
+        groups = df.groupby(hue) if hue else [("all", df)]
+        for name, g in groups:
+            pred = g[f"pred_{lv}_s"].clip(lower=lo)
+            ax.errorbar(g["measured_s"] * 1e3, pred * 1e3, xerr=g["measured_iqr_s"] * 1e3 / 2, fmt="o", ms=4,
+                        label=str(name), alpha=0.8)
+        ax.plot([lo * 1e3, hi * 1e3], [lo * 1e3, hi * 1e3], "k--", lw=1)
+        ax.fill_between([lo * 1e3, hi * 1e3], [lo * 0.9e3, hi * 0.9e3], [lo * 1.1e3, hi * 1.1e3], color="grey", alpha=0.15,
+                        label="±10%")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo * 1e3, hi * 1e3)
+        ax.set_ylim(lo * 1e3, hi * 1e3)
+        med = df[f"ape_{lv}_pct"].median()
+        ax.set_title(f"{lv}: median APE {med:.1f}%", fontsize=10)
+        ax.set_xlabel("measured [ms]")
+        ax.set_ylabel("predicted [ms]")
+        ax.grid(True, which="both", alpha=0.2)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,170 @@
+"""experiment=moe_skew: MoE layer latency as routing concentrates, at constant FLOPs.
+
+For every point of the routing generator's concentration sweep and every expert backend:
+imbalance metrics, FLOPs, the L0-L3 predictions of the layer's trace, and the real
+module's measured latency (interleaved rounds). One skewed point is also profiled kernel
+by kernel. Outputs: results.csv, per_kernel.csv, summary.json, latency_vs_concentration.png,
+predicted_vs_measured.png.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from hydra.utils import instantiate  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from costmodel.predictor import LEVELS  # noqa: E402
+from costmodel.runtime import Runtime  # noqa: E402
+from experiments.common import (  # noqa: E402
+    add_errors, console, measure_interleaved, output_dir, plot_predicted_vs_measured, print_summary, print_table,
+    summary, write_outputs,
+)
+from sim.calibration import calibrated_model, moe_suite  # noqa: E402
+from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
+from sim.routing import route  # noqa: E402
+from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels  # noqa: E402
+
+
+def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
+    """(sweep value, generator) per point; every value validated before anything runs."""
+    routing = cfg["routing"]
+    param, values = routing["sweep"]["param"], list(routing["sweep"]["values"])
+    if not values:
+        raise ValueError("routing.sweep.values must list at least one value")
+    gens = []
+    for v in values:
+        overrides = {} if param is None else {param: v}
+        try:
+            gens.append((v, instantiate(routing["generator"], **overrides)))
+        except Exception as err:  # Hydra wraps the generator's ValueError
+            cause = err.__cause__ or err
+            raise ValueError(f"routing.sweep: {param}={v!r}: {cause}") from None
+    return gens
+
+
+def moe_configs(cfg: Mapping[str, Any], dtype: str) -> list[MoEConfig]:
+    m = cfg["moe"]
+    backends = list(m["backends"])
+    if not backends:
+        raise ValueError("moe.backends must list at least one of loop, padded, grouped")
+    return [
+        MoEConfig(tokens=m["tokens"], d_model=m["d_model"], d_ff=m["d_ff"], num_experts=m["num_experts"],
+                  top_k=m["top_k"], expert=m["expert"], backend=b, dtype=dtype)
+        for b in backends
+    ]
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    # --- validate everything before any work
+    configs = moe_configs(cfg, str(cfg["dtype"]))
+    generators = routing_generators(cfg)
+    capacity = cfg["routing"].get("capacity_factor")
+    if capacity is not None and not capacity > 0:
+        raise ValueError(f"routing.capacity_factor must be > 0 or null, got {capacity!r}")
+    rt = Runtime.from_cfg(cfg)
+    unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
+    for backend, reason in unavailable.items():
+        console.print(f"[yellow]backend {backend!r} is unavailable here and is skipped:[/] {reason}")
+    configs = [c for c in configs if c.backend not in unavailable]
+    if not configs:
+        raise ValueError(f"no requested MoE backend can run here: {unavailable}")
+    meas = cfg["measure"]
+    out = output_dir(cfg, out_dir)
+
+    model = calibrated_model(rt, moe_suite(configs), suite_name="moe", progress=bool(cfg.get("progress", True)))
+    base = configs[0]
+    rows, jobs = [], []
+    x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
+        rt.device, getattr(torch, base.dtype))
+    layers = {c.backend: MoELayer(c, device=rt.device, seed=rt.seed) for c in configs}
+    routings = []
+    for i, (value, gen) in enumerate(generators):
+        routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
+                        seed=rt.seed + i, capacity_factor=capacity)
+        routings.append(routing)
+        plan = DispatchPlan.from_routing(routing)
+        metrics = routing.metrics()
+        for c in configs:
+            pred = predict_trace(model, moe_trace(c, plan), quiet=True)
+            rows.append({
+                "point": i, "generator": type(gen).__name__, "param": cfg["routing"]["sweep"]["param"], "value": value,
+                "backend": c.backend, **metrics, "flops": c.useful_flops(plan.assignments),
+                "kernels": len(pred), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS},
+            })
+            layer = layers[c.backend]
+            jobs.append(lambda layer=layer, routing=routing: layer(x, routing))
+    measured = measure_interleaved(jobs, device=rt.device, timing=rt.timing, description="measure moe layers",
+                                   progress=bool(cfg.get("progress", True)))
+    df = add_errors(pd.DataFrame([{**r, **m} for r, m in zip(rows, measured)]))
+    df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
+
+    # --- per-kernel errors at one skewed point, every backend
+    kp = int(meas["kernel_point"]) % len(generators)
+    kernel_tables = []
+    for c in configs:
+        trace = moe_trace(c, DispatchPlan.from_routing(routings[kp]))
+        prof = profile_kernels(lambda c=c: layers[c.backend](x, routings[kp]), trace, device=rt.device,
+                               iterations=int(meas["profile_iterations"]))
+        errs = per_kernel_errors(predict_trace(model, trace, quiet=True), prof)
+        errs.insert(0, "backend", c.backend)
+        kernel_tables.append(errs)
+    per_kernel = pd.concat(kernel_tables, ignore_index=True)
+    per_kernel.to_csv(out / "per_kernel.csv", index=False)
+
+    summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
+        "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
+        "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
+        "capacity_factor": capacity, "backends": [c.backend for c in configs], "unavailable_backends": unavailable,
+        "flops_constant": bool(df.groupby("backend")["flops"].nunique().max() == 1),
+        "latency_ratio_max_over_min_per_backend": df.groupby("backend")["measured_s"].agg(lambda s: s.max() / s.min()).to_dict(),
+        "per_backend_median_ape_pct": {b: {lv: float(g[f"ape_{lv}_pct"].median()) for lv in LEVELS} for b, g in df.groupby("backend")},
+        "kernel_point": {"index": kp, "value": generators[kp][0]},
+        "model_profile": str(model.fingerprint.id),
+    })
+    write_outputs(out, df, summ)
+    _plots(df, out, cfg)
+    print_table(df, {"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "measured_s": "ms",
+                     "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L0_pct": ".1f",
+                     "ape_L3_pct": ".1f", "achieved_gflops": ".1f"},
+                title=f"MoE layer latency vs {cfg['routing']['sweep']['param']} (ms; APE %)")
+    fam = pd.concat([summarise_kernels(t).assign(backend=b) for b, t in per_kernel.groupby("backend")])
+    print_table(fam, {"backend": "", "family": "", "kernels": "", "measured_s": "ms", "L3": "ms", "ape_L3_pct": ".1f",
+                      "L0": "ms", "share_of_time": ".0%"},
+                title=f"per-kernel breakdown at {cfg['routing']['sweep']['param']}={generators[kp][0]} (profiler, ms)")
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:
+    param = cfg["routing"]["sweep"]["param"] or "point"
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (backend, g) in enumerate(df.groupby("backend")):
+        color = f"C{i}"
+        x = g["max_over_mean"]
+        ax.errorbar(x, g["measured_s"] * 1e3, yerr=g["measured_iqr_s"] * 1e3 / 2, fmt="o-", color=color,
+                    label=f"{backend}: measured (IQR)")
+        ax.plot(x, g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
+    g0 = df[df["backend"] == df["backend"].iloc[0]]
+    ax.plot(g0["max_over_mean"], g0["pred_L0_s"] * 1e3, "k:", lw=2, label="L0 = FLOPs / peak (flat)")
+    ax.set_xlabel(f"expert load max/mean (routing {param} swept)")
+    ax.set_ylabel("layer latency [ms]")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=8)
+    ax.set_title("MoE layer: same FLOPs, latency moves with routing concentration")
+    fig.tight_layout()
+    fig.savefig(out / "latency_vs_concentration.png", dpi=120)
+    plt.close(fig)
+    plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="MoE layer: predicted vs measured",
+                               hue="backend")

@@ -1,0 +1,102 @@
+"""Python API: predict a layer's latency without running it.
+
+>>> from sim.api import load_cost_model, predict_moe_latency
+>>> from sim.moe_layer import MoEConfig
+>>> model = load_cost_model()                    # this machine's fitted profile
+>>> p = predict_moe_latency(MoEConfig(backend="padded"), model, counts=[512] * 2 + [64] * 16)
+>>> p.total_s["L3"], p.kernels[["kernel", "L3"]]
+
+``load_cost_model`` only loads: it raises, naming the command to run, when this device
+has no fitted profile yet (``python -m costmodel bench`` then ``python -m costmodel
+fit``, or any ``python -m sim`` experiment, which calibrates on first use).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.allocator import configure_allocator
+from costmodel.device import fingerprint, resolve_device
+from costmodel.kernels import KernelSpec
+from costmodel.predictor import LEVELS, CostModel
+from costmodel.profile import DeviceProfile
+from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
+from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
+from sim.routing import Routing
+from sim.simulator import predict_trace
+
+
+@dataclass(frozen=True)
+class LayerPrediction:
+    """Predicted end-to-end seconds per level and the per-kernel breakdown."""
+
+    total_s: dict[str, float]
+    kernels: pd.DataFrame
+    trace: tuple[KernelSpec, ...]
+    flops: float
+
+
+def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: str | Path = "profiles",
+                    threads: int | None = None, allocator: str = "steady") -> CostModel:
+    """The fitted cost model of this process's device (refuses another device's)."""
+    configure_allocator(allocator)
+    dev = resolve_device(device)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    fp = fingerprint(dev, dtype)
+    profile = DeviceProfile.open(profile_root, fp, create=False)
+    return CostModel.load(profile, expected=fp)
+
+
+def _predict(model: CostModel, trace: list[KernelSpec], levels: Sequence[str]) -> LayerPrediction:
+    kernels = predict_trace(model, trace, levels)
+    return LayerPrediction(
+        total_s={lv: float(kernels[lv].sum()) for lv in levels},
+        kernels=kernels,
+        trace=tuple(trace),
+        flops=float(sum(s.flops() for s in trace)),
+    )
+
+
+def predict_moe_latency(
+    cfg: MoEConfig,
+    model: CostModel,
+    *,
+    routing: Routing | None = None,
+    counts: Sequence[int] | None = None,
+    levels: Sequence[str] = LEVELS,
+) -> LayerPrediction:
+    """Latency of ``cfg``'s MoE layer for a routing, or just its per-expert token counts.
+
+    With ``counts`` alone every token is assumed routed to ``top_k`` experts (no drops).
+    """
+    if (routing is None) == (counts is None):
+        raise ValueError("give exactly one of routing= or counts=")
+    if routing is not None:
+        plan = DispatchPlan.from_routing(routing)
+    else:
+        counts = [int(c) for c in counts]  # type: ignore[union-attr]
+        if len(counts) != cfg.num_experts or min(counts) < 0 or sum(counts) < 1:
+            raise ValueError(
+                f"counts must hold moe.num_experts={cfg.num_experts} non-negative token counts summing to >= 1, "
+                f"got {len(counts)} counts summing to {sum(counts)}"
+            )
+        if max(counts) > cfg.tokens:
+            raise ValueError(f"counts: an expert cannot receive more than moe.tokens={cfg.tokens} tokens, got {max(counts)}")
+        hits = np.full(cfg.tokens, sum(counts) / cfg.tokens)
+        plan = DispatchPlan.from_counts(counts, hits)
+    return _predict(model, moe_trace(cfg, plan), levels)
+
+
+def predict_gnn_latency(
+    cfg: GNNConfig, model: CostModel, edge_index: torch.Tensor, *, levels: Sequence[str] = LEVELS
+) -> LayerPrediction:
+    """Latency of ``cfg``'s GNN layer on the graph ``edge_index`` ([2, E] int64)."""
+    plan = GraphPlan.from_edge_index(edge_index, cfg.num_nodes, sorted_by_dst=cfg.edge_order == "dst_sorted")
+    return _predict(model, gnn_trace(cfg, plan), levels)

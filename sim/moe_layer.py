@@ -1,0 +1,311 @@
+"""A real MoE layer and its kernel trace, from one config.
+
+Forward pass (inference, no grad), every kernel in a ``kernel_scope``:
+
+1. router: ``gemm`` [T, D] x [D, E], ``softmax``, ``topk`` (k of E);
+   a routing drawn by ``sim.routing`` may override the router's choice (the router's
+   cost is still paid), which is how a sweep pins the routing concentration;
+2. dispatch: stable ``sort`` of the A = kept assignments by expert, ``histogram``
+   (bincount) of expert loads, ``gather`` of token ids and gates in sorted order,
+   ``gather`` of the token rows [A, D];
+3. experts, SwiGLU (HF Mixtral eager: down(silu(gate(x)) * up(x))) or a two-layer GELU
+   MLP, by backend:
+   - ``loop``: one ``gemm`` per projection per non-empty expert, as HF eager loops;
+   - ``padded``: ``scatter`` (index_copy) of the rows into a zeroed [E, max_n, D]
+     buffer, ``grouped_gemm`` impl=padded_bmm (``torch.bmm``), ``gather`` back out;
+     it pays for the busiest expert on every expert;
+   - ``grouped``: ``grouped_gemm`` impl=grouped_mm (``torch.nn.functional.grouped_mm``)
+     over the ragged groups;
+4. combine: ``elementwise`` scale by the gates, ``scatter`` (index_add, sum) into [T, D].
+
+``moe_trace`` lists the same kernels with the same shapes without running anything; the
+tests run the module under the profiler and check that both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from costmodel import ops
+from costmodel.kernels import (
+    ElementwiseSpec,
+    GatherSpec,
+    GemmSpec,
+    GroupedGemmSpec,
+    HistogramSpec,
+    KernelSpec,
+    ScatterSpec,
+    SoftmaxSpec,
+    SortSpec,
+    TopkSpec,
+)
+from sim.routing import Routing, check_routing_shape
+
+MOE_BACKENDS = ("loop", "padded", "grouped")
+EXPERT_KINDS = ("swiglu", "mlp")
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    tokens: int = 1024  # T: tokens in the batch (batch x sequence)
+    d_model: int = 512  # D: hidden size
+    d_ff: int = 1024  # F: expert intermediate size
+    num_experts: int = 16  # E
+    top_k: int = 2  # experts per token
+    expert: str = "swiglu"  # swiglu (3 GEMMs, Mixtral) | mlp (2 GEMMs + GELU)
+    backend: str = "loop"  # loop | padded | grouped
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        check_routing_shape(self.tokens, self.num_experts, self.top_k)
+        for name in ("d_model", "d_ff"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"moe.{name} must be a positive integer (>= 1), got {value!r}")
+        if self.expert not in EXPERT_KINDS:
+            raise ValueError(f"moe.expert must be one of {list(EXPERT_KINDS)}, got {self.expert!r}")
+        if self.backend not in MOE_BACKENDS:
+            raise ValueError(f"moe.backend must be one of {list(MOE_BACKENDS)}, got {self.backend!r}")
+
+    def useful_flops(self, assignments: int) -> float:
+        """Router plus expert FLOPs per forward (2MKN per GEMM), ``assignments`` kept rows."""
+        projections = 3 if self.expert == "swiglu" else 2
+        return 2.0 * self.tokens * self.d_model * self.num_experts + 2.0 * assignments * self.d_model * self.d_ff * projections
+
+
+def backend_unavailable_reason(cfg: MoEConfig, device: torch.device) -> str | None:
+    """Why ``cfg.backend`` cannot run here, or None."""
+    if cfg.backend == "grouped":
+        for k, n in ((cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)):
+            reason = ops.grouped_mm_unavailable_reason(k, n, cfg.dtype, device)
+            if reason:
+                return reason
+    return None
+
+
+# ----------------------------------------------------------------------------- dispatch plan
+
+
+@dataclass(frozen=True)
+class DispatchPlan:
+    """Host-side facts of one routing that both the module and the trace need."""
+
+    counts: tuple[int, ...]  # kept tokens per expert
+    assignments: int  # A = kept (token, expert) pairs
+    token_hit_cv: float  # CV of how often each token row is gathered / combined into
+    padded_rows: int  # E * max_n for the padded backend
+
+    @classmethod
+    def from_counts(cls, counts: Sequence[int], token_hits: np.ndarray) -> "DispatchPlan":
+        counts = tuple(int(c) for c in counts)
+        hits = token_hits.astype(np.float64)
+        cv = float(hits.std() / hits.mean()) if hits.mean() > 0 else 0.0
+        return cls(counts, sum(counts), round(cv, 3), len(counts) * max(counts))
+
+    @classmethod
+    def from_routing(cls, routing: Routing) -> "DispatchPlan":
+        _, token, _ = routing.flat_assignments()
+        return cls.from_counts(routing.expert_counts(), np.bincount(token, minlength=routing.tokens))
+
+
+def padded_slots(counts: Sequence[int]) -> np.ndarray:
+    """Row of each expert-sorted assignment in the [E * max_n] padded buffer."""
+    counts_a = np.asarray(counts, dtype=np.int64)
+    max_n = int(counts_a.max())
+    starts = np.cumsum(counts_a) - counts_a
+    return np.repeat(np.arange(counts_a.size, dtype=np.int64) * max_n - starts, counts_a) + np.arange(
+        int(counts_a.sum()), dtype=np.int64
+    )
+
+
+# ----------------------------------------------------------------------------- trace
+
+
+def _expert_projections(cfg: MoEConfig) -> list[tuple[int, int]]:
+    """(K, N) of each expert GEMM in execution order."""
+    if cfg.expert == "swiglu":
+        return [(cfg.d_model, cfg.d_ff), (cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)]
+    return [(cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)]
+
+
+def _activation_specs(cfg: MoEConfig, rows: int) -> list[KernelSpec]:
+    numel = rows * cfg.d_ff
+    if cfg.expert == "swiglu":
+        return [ElementwiseSpec("silu", numel, cfg.dtype), ElementwiseSpec("mul", numel, cfg.dtype)]
+    return [ElementwiseSpec("gelu", numel, cfg.dtype)]
+
+
+def moe_trace(cfg: MoEConfig, plan: DispatchPlan) -> list[KernelSpec]:
+    """The kernels ``MoELayer.forward`` runs for this config and routing, in order."""
+    T, D, E, k, A, dt = cfg.tokens, cfg.d_model, cfg.num_experts, cfg.top_k, plan.assignments, cfg.dtype
+    trace: list[KernelSpec] = [
+        GemmSpec(T, D, E, dt),
+        SoftmaxSpec(T, E, dt),
+        TopkSpec(T, E, k, dt),
+        SortSpec(A, "int64"),
+        HistogramSpec(A, E),
+        GatherSpec(A, 1, A, 0.0, False, "int64"),  # token id of each sorted assignment
+        GatherSpec(A, 1, A, 0.0, False, dt),  # gate of each sorted assignment
+        GatherSpec(A, D, T, plan.token_hit_cv, False, dt),  # token rows
+    ]
+    proj = _expert_projections(cfg)
+    if cfg.backend == "loop":
+        for n_e in plan.counts:
+            if n_e == 0:
+                continue
+            trace += [GemmSpec(n_e, kk, nn_, dt) for kk, nn_ in proj[:-1]]
+            trace += _activation_specs(cfg, n_e)
+            trace.append(GemmSpec(n_e, *proj[-1], dt))
+    else:
+        impl = "padded_bmm" if cfg.backend == "padded" else "grouped_mm"
+        rows = plan.padded_rows if cfg.backend == "padded" else A
+        if cfg.backend == "padded":
+            trace.append(ScatterSpec(A, D, rows, "copy", "index_copy", 0.0, True, dt))
+        trace += [GroupedGemmSpec(plan.counts, kk, nn_, impl, dt) for kk, nn_ in proj[:-1]]
+        trace += _activation_specs(cfg, rows)
+        trace.append(GroupedGemmSpec(plan.counts, *proj[-1], impl, dt))
+        if cfg.backend == "padded":
+            filled = A / rows  # slots read once each, the rest never: hit-count CV sqrt((1-f)/f)
+            trace.append(GatherSpec(A, D, rows, round(((1 - filled) / filled) ** 0.5, 3), True, dt))
+    trace += [
+        ElementwiseSpec("scale", A * D, dt),
+        ScatterSpec(A, D, T, "sum", "index_add", plan.token_hit_cv, False, dt),
+    ]
+    return trace
+
+
+# ----------------------------------------------------------------------------- module
+
+
+class MoELayer(nn.Module):
+    """Router + experts with a selectable backend; weights seeded, inference only."""
+
+    def __init__(self, cfg: MoEConfig, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
+        super().__init__()
+        self.cfg = cfg
+        gen = torch.Generator().manual_seed(seed)
+        dtype = getattr(torch, cfg.dtype)
+        D, F_, E = cfg.d_model, cfg.d_ff, cfg.num_experts
+
+        def init(*shape: int, fan_in: int) -> nn.Parameter:
+            w = torch.randn(*shape, generator=gen) / fan_in**0.5
+            return nn.Parameter(w.to(device=device, dtype=dtype), requires_grad=False)
+
+        self.router = init(D, E, fan_in=D)
+        # one [E, K, N] stack per projection: per-expert slices for the loop, whole for bmm/grouped_mm
+        self.projections = nn.ParameterList([init(E, kk, nn_, fan_in=kk) for kk, nn_ in _expert_projections(cfg)])
+
+    def _activation(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        if self.cfg.expert == "swiglu":
+            with ops.kernel_scope("elementwise"):
+                a = ops.elementwise("silu", hidden[0])
+            with ops.kernel_scope("elementwise"):
+                return ops.elementwise("mul", a, hidden[1])
+        with ops.kernel_scope("elementwise"):
+            return ops.elementwise("gelu", hidden[0])
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        T, k, E = cfg.tokens, cfg.top_k, cfg.num_experts
+        if x.shape != (T, cfg.d_model):
+            raise ValueError(f"MoELayer input must be [tokens={T}, d_model={cfg.d_model}], got {list(x.shape)}")
+        with ops.kernel_scope("gemm"):
+            logits = ops.gemm(x, self.router)
+        with ops.kernel_scope("softmax"):
+            probs = ops.softmax(logits)
+        with ops.kernel_scope("topk"):
+            gate_vals, expert_ids = ops.topk(probs, k)
+        if routing is None:
+            flat_expert = expert_ids.reshape(-1)
+            flat_token = torch.arange(T, device=x.device).repeat_interleave(k)
+            flat_gate = gate_vals.reshape(-1)
+        else:
+            flat_expert, flat_token, flat_gate = self._routing_tensors(routing, x.device)
+        with ops.kernel_scope("sort"):
+            sorted_expert, order = ops.sort(flat_expert)
+        with ops.kernel_scope("histogram"):
+            counts = ops.histogram(flat_expert, E)
+        with ops.kernel_scope("gather"):
+            token_idx = ops.gather(flat_token, order)
+        with ops.kernel_scope("gather"):
+            gates_sorted = ops.gather(flat_gate, order)
+        with ops.kernel_scope("gather"):
+            x_sorted = ops.gather(x, token_idx)
+        counts_list = counts.tolist()  # host needs the group sizes (a device sync on GPUs)
+        if cfg.backend == "loop":
+            y_sorted = self._experts_loop(x_sorted, counts_list)
+        elif cfg.backend == "padded":
+            y_sorted = self._experts_padded(x_sorted, counts_list)
+        else:
+            y_sorted = self._experts_grouped(x_sorted, counts_list)
+        with ops.kernel_scope("elementwise"):
+            weighted = ops.elementwise("scale", y_sorted, gates_sorted.unsqueeze(1))
+        with ops.kernel_scope("scatter"):
+            return ops.scatter(weighted, token_idx, T, reduce="sum", backend="index_add")
+
+    def _routing_tensors(self, routing: Routing, device: torch.device) -> tuple[torch.Tensor, ...]:
+        cache = getattr(self, "_routing_cache", None)
+        if cache is None or cache[0] is not routing:
+            if routing.tokens != self.cfg.tokens or routing.top_k != self.cfg.top_k or routing.num_experts != self.cfg.num_experts:
+                raise ValueError(
+                    f"routing is for tokens={routing.tokens}, top_k={routing.top_k}, experts={routing.num_experts}; "
+                    f"the layer has tokens={self.cfg.tokens}, top_k={self.cfg.top_k}, experts={self.cfg.num_experts}"
+                )
+            expert, token, gate = routing.flat_assignments()
+            tensors = tuple(torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in (expert, token, gate))
+            gate_t = tensors[2].to(getattr(torch, self.cfg.dtype))
+            cache = (routing, (tensors[0], tensors[1], gate_t))
+            self._routing_cache = cache
+        return cache[1]
+
+    def _experts_loop(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        y = torch.empty(x_sorted.shape[0], self.cfg.d_model, dtype=x_sorted.dtype, device=x_sorted.device)
+        start = 0
+        *first, last = self.projections
+        for e, n_e in enumerate(counts):
+            if n_e == 0:
+                continue
+            rows = x_sorted[start : start + n_e]
+            hidden = []
+            for w in first:
+                with ops.kernel_scope("gemm"):
+                    hidden.append(ops.gemm(rows, w[e]))
+            act = self._activation(hidden)
+            with ops.kernel_scope("gemm"):
+                torch.matmul(act, last[e], out=y[start : start + n_e])
+            start += n_e
+        return y
+
+    def _experts_padded(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        E, D = self.cfg.num_experts, self.cfg.d_model
+        max_n = max(counts)
+        slots = torch.from_numpy(padded_slots(counts)).to(x_sorted.device)
+        with ops.kernel_scope("scatter"):
+            x_pad = ops.scatter(x_sorted, slots, E * max_n, reduce="copy", backend="index_copy").view(E, max_n, D)
+        *first, last = self.projections
+        hidden = []
+        for w in first:
+            with ops.kernel_scope("grouped_gemm"):
+                hidden.append(ops.grouped_padded_bmm(x_pad, w))
+        act = self._activation(hidden)
+        with ops.kernel_scope("grouped_gemm"):
+            y_pad = ops.grouped_padded_bmm(act, last)
+        with ops.kernel_scope("gather"):
+            return ops.gather(y_pad.view(E * max_n, D), slots)
+
+    def _experts_grouped(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        offsets = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=x_sorted.device)
+        *first, last = self.projections
+        hidden = []
+        for w in first:
+            with ops.kernel_scope("grouped_gemm"):
+                hidden.append(ops.grouped_mm(x_sorted, w, offsets))
+        act = self._activation(hidden)
+        with ops.kernel_scope("grouped_gemm"):
+            return ops.grouped_mm(act, last, offsets)

@@ -1,0 +1,112 @@
+"""Predict a layer from its trace, measure the real module, and time each kernel in it.
+
+- ``predict_trace``: every kernel of a trace through every cost-model level
+  (vectorised), summed per level: predicted end-to-end latency.
+- ``measure_callable``: the real forward pass through the timing harness (median of
+  repeats after warm-up, spread kept).
+- ``profile_kernels``: the real forward pass under ``torch.profiler``; each
+  ``kernel_scope`` range is matched, in order, to the trace entry it executes, so
+  per-kernel errors are visible and cannot cancel unseen in the end-to-end number.
+  Profiler ranges add a few microseconds each: tiny kernels read slightly slow here.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from costmodel.kernels import KernelSpec
+from costmodel.models import ExtrapolationWarning
+from costmodel.ops import SCOPE_PREFIX
+from costmodel.predictor import LEVELS, CostModel
+from costmodel.timing import Measurement, TimingConfig, measure
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's own chatter off the console
+
+
+class TraceMismatchError(RuntimeError):
+    """The module executed different kernels than its trace lists."""
+
+
+def predict_trace(
+    model: CostModel, trace: Sequence[KernelSpec], levels: Sequence[str] = LEVELS, *, quiet: bool = False
+) -> pd.DataFrame:
+    """Per-kernel predictions (seconds), one column per level, plus label and family."""
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+        pred = model.predict(trace, levels)
+    pred.insert(0, "family", [s.family for s in trace])
+    pred.insert(1, "kernel", [s.label() for s in trace])
+    pred.insert(2, "flops", [s.flops() for s in trace])
+    return pred
+
+
+def measure_callable(fn: Callable[[], Any], device: torch.device, timing: TimingConfig) -> Measurement:
+    return measure(fn, device=device, config=timing)
+
+
+def profile_kernels(
+    fn: Callable[[], Any], trace: Sequence[KernelSpec], *, device: torch.device, iterations: int = 5
+) -> pd.DataFrame:
+    """Median per-kernel time inside the real forward pass, aligned with ``trace``."""
+    fn()  # warm-up outside the profiler
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    per_iter: list[list[float]] = []
+    for _ in range(iterations):
+        with profile(activities=activities) as prof:
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        scopes = [ev for ev in prof.events() if ev.name.startswith(SCOPE_PREFIX)]
+        families = [ev.name[len(SCOPE_PREFIX):] for ev in scopes]
+        expected = [s.family for s in trace]
+        if families != expected:
+            raise TraceMismatchError(
+                f"the module ran {len(families)} kernels {families[:12]}... but its trace lists "
+                f"{len(expected)} {expected[:12]}..."
+            )
+        if device.type == "cuda":
+            per_iter.append([_device_time_us(ev) * 1e-6 for ev in scopes])
+        else:
+            per_iter.append([ev.cpu_time_total * 1e-6 for ev in scopes])
+    times = np.array(per_iter)
+    return pd.DataFrame({
+        "family": [s.family for s in trace],
+        "kernel": [s.label() for s in trace],
+        "measured_s": np.median(times, axis=0),
+        "measured_iqr_s": np.subtract(*np.percentile(times, [75, 25], axis=0)),
+    })
+
+
+def _device_time_us(event: Any) -> float:
+    total = getattr(event, "device_time_total", None)
+    if total is None:
+        total = getattr(event, "cuda_time_total", 0.0)
+    return float(total)
+
+
+def per_kernel_errors(predicted: pd.DataFrame, measured: pd.DataFrame, levels: Sequence[str] = LEVELS) -> pd.DataFrame:
+    """Join predictions and profiled times by trace position, with APE per level."""
+    out = predicted.copy()
+    out["measured_s"] = measured["measured_s"].to_numpy()
+    out["measured_iqr_s"] = measured["measured_iqr_s"].to_numpy()
+    for lv in levels:
+        out[f"ape_{lv}_pct"] = 100 * (out[lv] - out["measured_s"]).abs() / out["measured_s"]
+    return out
+
+
+def summarise_kernels(errors: pd.DataFrame, levels: Sequence[str] = LEVELS) -> pd.DataFrame:
+    """Per-family totals of a per-kernel error table: where the time goes, where the error is."""
+    agg = {"kernels": ("kernel", "size"), "measured_s": ("measured_s", "sum"), **{lv: (lv, "sum") for lv in levels}}
+    out = errors.groupby("family").agg(**agg).sort_values("measured_s", ascending=False)
+    for lv in levels:
+        out[f"ape_{lv}_pct"] = 100 * (out[lv] - out["measured_s"]).abs() / out["measured_s"]
+    out["share_of_time"] = out["measured_s"] / out["measured_s"].sum()
+    return out.reset_index()
