@@ -33,7 +33,8 @@ def metrics(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Any]:
         return {"median_ape_pct": None, "p90_ape_pct": None, "max_ape_pct": None, "within_10pct": None,
                 "spearman": None, "n_test": 0}
     ape = ape_pct(predicted, measured)
-    rho = spearmanr(predicted, measured).statistic if len(measured) > 2 and np.ptp(predicted) > 0 else float("nan")
+    defined = len(measured) > 2 and np.ptp(predicted) > 0 and np.ptp(measured) > 0
+    rho = spearmanr(predicted, measured).statistic if defined else float("nan")
     return {
         "median_ape_pct": float(np.median(ape)),
         "p90_ape_pct": float(np.percentile(ape, 90)),

@@ -191,7 +191,7 @@ def measure(
         times_s=tuple(float(t) for t in best[0]),
         number_per_run=best[1],
         attempts=attempts,
-        noisy=best_rel_iqr > cfg.max_rel_iqr,
+        noisy=bool(best_rel_iqr > cfg.max_rel_iqr),
         device=str(device),
         threads=torch.get_num_threads(),
         spec=spec,

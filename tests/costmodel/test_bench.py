@@ -1,0 +1,65 @@
+"""Bench loop: measures into the profile, resumes, skips too-large shapes, loses nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import costmodel.bench as bench
+from costmodel.bench import SizeLimits, measure_specs
+from costmodel.device import fingerprint
+from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
+from costmodel.profile import DeviceProfile
+from costmodel.timing import TimingConfig
+
+TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2)
+LIMITS = SizeLimits(max_flops=1e6, max_bytes=1e8)
+SPECS = [("grid", SortSpec(64)), ("grid", HistogramSpec(64, 4)), ("grid", GemmSpec(4, 8, 8)),
+         ("grid", GemmSpec(512, 512, 512))]  # the last exceeds max_flops
+
+
+@pytest.fixture
+def profile(tmp_path):
+    return DeviceProfile.open(tmp_path, fingerprint(torch.device("cpu"), "float32"))
+
+
+def _run(profile, **kw):
+    return measure_specs(SPECS, profile, device=torch.device("cpu"), timing=TIMING, limits=LIMITS, suite="test",
+                         show_progress=False, **kw)
+
+
+def test_measures_every_round_and_notes_skips(profile):
+    result = _run(profile)
+    assert result.measured == 3 and len(result.skipped) == 1
+    raw = profile.measurements()
+    assert len(raw) == 3 * TIMING.rounds and set(raw["round"]) == {0, 1}
+    assert "max_flops" in profile.skipped()["reason"].iloc[0]
+    kernels = profile.kernels()
+    assert set(kernels["family"]) == {"sort", "histogram", "gemm"}
+    assert (kernels["flops"] == [s.flops() for _, s in SPECS[:3]]).all()
+
+
+def test_rerun_resumes_without_duplicates(profile):
+    _run(profile)
+    again = _run(profile)
+    assert again.measured == 0 and again.already == 3
+    assert len(profile.measurements()) == 3 * TIMING.rounds
+
+
+def test_interrupted_run_keeps_what_it_measured(profile, monkeypatch):
+    real = bench.measure
+    calls = {"n": 0}
+
+    def interrupting(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure", interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        _run(profile)
+    assert len(profile.measurements()) == 2  # flushed on the way out
+    monkeypatch.setattr(bench, "measure", real)
+    _run(profile)  # resumes the rest
+    assert len(profile.measurements()) == 3 * TIMING.rounds

@@ -1,0 +1,98 @@
+"""FLOPs and bytes formulas against hand-computed cases, validation, table round trips."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from costmodel.kernels import (
+    ElementwiseSpec, GatherSpec, GemmSpec, GroupedGemmSpec, HistogramSpec, ScatterSpec, SoftmaxSpec, SortSpec,
+    SpmmSpec, TopkSpec, families, from_record,
+)
+
+
+def test_gemm_flops_bytes_intensity():
+    g = GemmSpec(2, 3, 4)
+    assert g.flops() == 2 * 2 * 3 * 4 == 48
+    assert g.bytes_moved() == 4 * (2 * 3 + 3 * 4 + 2 * 4) == 104
+    assert g.intensity() == pytest.approx(48 / 104)
+    # square n: AI = 2n / (3 s) (seed article 19.2.5): n = 4096 in bf16 -> 1365 FLOP/B
+    assert GemmSpec(4096, 4096, 4096, "bfloat16").intensity() == pytest.approx(2 * 4096 / 6)
+
+
+def test_grouped_gemm_useful_vs_executed():
+    grouped = GroupedGemmSpec((3, 0, 5), 4, 2, "grouped_mm")
+    padded = GroupedGemmSpec((3, 0, 5), 4, 2, "padded_bmm")
+    assert grouped.flops() == padded.flops() == 2 * 4 * 2 * 8
+    assert grouped.executed_flops() == 2 * 4 * 2 * 8
+    assert padded.executed_flops() == 2 * 4 * 2 * 15  # 3 experts x max 5 rows
+    assert grouped.bytes_moved() == 4 * (8 * 4 + 3 * 4 * 2 + 8 * 2)
+    assert padded.bytes_moved() == 4 * (15 * 4 + 3 * 4 * 2 + 15 * 2)
+
+
+def test_gather_scatter_spmm_bytes():
+    assert GatherSpec(10, 4, 7).bytes_moved() == 2 * 10 * 4 * 4 + 10 * 8
+    assert GatherSpec(10, 4, 7).flops() == 0
+    s = ScatterSpec(10, 4, 3, "sum", "index_add")
+    assert s.flops() == 40
+    assert s.bytes_moved() == (10 + 3) * 4 * 4 + 10 * 8
+    assert ScatterSpec(3, 4, 10, "copy", "index_copy").flops() == 0
+    sp = SpmmSpec(nnz=10, width=4, num_dst=3, num_src=5)
+    assert sp.flops() == 2 * 10 * 4
+    assert sp.bytes_moved() == 10 * (4 + 8) + 4 * 8 + (5 + 3) * 4 * 4
+
+
+def test_small_op_formulas():
+    assert ElementwiseSpec("add", 100, "bfloat16").bytes_moved() == 600  # the article's 6N bytes
+    assert ElementwiseSpec("add", 100).flops() == 100
+    assert ElementwiseSpec("silu", 10).flops() == 40
+    assert ElementwiseSpec("fill", 10).bytes_moved() == 40
+    assert SoftmaxSpec(2, 8).flops() == 5 * 16
+    assert TopkSpec(2, 8, 3).flops() == pytest.approx(2 * 8 * math.log2(4))
+    assert TopkSpec(2, 8, 3).bytes_moved() == 2 * 8 * 4 + 2 * 3 * 12
+    assert SortSpec(10).bytes_moved() == 10 * 24
+    assert HistogramSpec(10, 4).bytes_moved() == 14 * 8
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: GemmSpec(-1, 3, 4), "GemmSpec.m must be a positive integer"),
+        (lambda: GemmSpec(1, 0, 4), "GemmSpec.k must be a positive integer"),
+        (lambda: GemmSpec(1, 2, 3, "float8"), "GemmSpec.dtype must be one of"),
+        (lambda: TopkSpec(4, 8, 9), r"TopkSpec.k must be in \[1, cols=8\]"),
+        (lambda: GroupedGemmSpec((0, 0), 4, 4), "must route at least one token"),
+        (lambda: GroupedGemmSpec((1, -1), 4, 4), "integers >= 0"),
+        (lambda: GroupedGemmSpec((1,), 4, 4, "loop"), "GroupedGemmSpec.impl must be one of"),
+        (lambda: ScatterSpec(4, 4, 4, "max", "index_add"), "ScatterSpec.reduce must be one of \\['sum'\\]"),
+        (lambda: ScatterSpec(4, 4, 4, "sum", "cuda_magic"), "ScatterSpec.backend must be one of"),
+        (lambda: ScatterSpec(8, 4, 4, "copy", "index_copy"), "num_rows <= num_dst"),
+        (lambda: GatherSpec(4, 4, 4, index_cv=-1.0), "index_cv must be a finite number >= 0"),
+        (lambda: ElementwiseSpec("tanhshrink", 4), "ElementwiseSpec.op must be one of"),
+    ],
+)
+def test_bad_fields_name_the_field_and_range(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_records_round_trip_and_keys_are_stable():
+    specs = [
+        GemmSpec(2, 3, 4), GroupedGemmSpec((3, 0, 5), 8, 16, "padded_bmm"), GatherSpec(10, 4, 7, 1.5, True),
+        ScatterSpec(10, 4, 3, "max", "scatter_reduce", 0.5, False), SpmmSpec(10, 4, 3, 5, 2.0),
+        ElementwiseSpec("floordiv", 9, "int64"), SoftmaxSpec(2, 3), TopkSpec(2, 3, 1), SortSpec(5), HistogramSpec(5, 2),
+    ]
+    assert {s.family for s in specs} == set(families())
+    for s in specs:
+        rec = s.to_record()
+        # tables store everything as text/number; rebuilding gives an equal, equally hashed descriptor
+        text_rec = {k: (str(v) if isinstance(v, bool) else v) for k, v in rec.items()}
+        again = from_record(text_rec)
+        assert again == s and hash(again) == hash(s) and again.key() == s.key()
+    assert len({s.key() for s in specs}) == len(specs)
+
+
+def test_unknown_family_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown kernel family 'conv'"):
+        from_record({"family": "conv"})

@@ -1,0 +1,93 @@
+"""Cost-model levels: formulas, sklearn protocol, L3 learning, clipping, errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import clone
+
+from costmodel.features import kernel_table, roofline_time_s
+from costmodel.kernels import GatherSpec, GemmSpec
+from costmodel.models import ExtrapolationWarning, FamilyAchievedRate, FittedCostModel, FlopsOverPeak, Roofline
+
+CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0,
+        "parallel_units": 2, "device_kind": "cpu"}
+
+
+def _gemms(ms, k=256, n=256):
+    return kernel_table([GemmSpec(int(m), k, n) for m in ms])
+
+
+def test_l0_and_l2_formulas():
+    X = kernel_table([GemmSpec(100, 100, 100), GatherSpec(1000, 10, 50)])
+    l0 = FlopsOverPeak(ceilings=CEIL).fit(X).predict(X)
+    assert l0.tolist() == pytest.approx([2e6 / 1e11, 0.0])
+    l2 = Roofline(ceilings=CEIL).fit(X).predict(X)
+    gemm_bytes = 4 * 3 * 100 * 100
+    assert l2[0] == pytest.approx(max(2e6 / 1e11, gemm_bytes / 1e10) + 1e-6)
+    assert l2[1] == pytest.approx((2 * 1000 * 10 * 4 + 1000 * 8) / 1e10 + 1e-6)
+
+
+def test_l1_uses_family_median_rate_and_bytes_for_flopless_kernels():
+    X = kernel_table([GemmSpec(10, 10, 10), GemmSpec(20, 10, 10), GatherSpec(100, 4, 10)])
+    y = np.array([2000 / 1e9, 4000 / 4e9, 1e-6])
+    model = FamilyAchievedRate().fit(X, y)
+    assert model.rate_["gemm"] == pytest.approx(np.median([1e9, 4e9]))
+    assert model.rate_["gather"] == pytest.approx(X["bytes_moved"].iloc[2] / 1e-6)
+    assert model.predict(X)[2] == pytest.approx(1e-6)
+
+
+def test_models_follow_the_sklearn_protocol():
+    for model in (FlopsOverPeak(ceilings=CEIL), Roofline(ceilings=CEIL), FittedCostModel(ceilings=CEIL, cv_folds=3)):
+        params = model.get_params()
+        assert clone(model).get_params().keys() == params.keys()
+        assert not [a for a in vars(model) if a.endswith("_")]  # nothing fitted before fit
+
+
+def _synthetic(ms):
+    X = _gemms(ms)
+    roof = roofline_time_s(X["flops"].to_numpy(), X["bytes_moved"].to_numpy(), CEIL)
+    efficiency = 0.2 + 0.7 * np.tanh(np.asarray(ms) / 200.0)  # smooth in M
+    return X, roof / efficiency
+
+
+def test_l3_learns_a_smooth_efficiency_and_clips_extrapolation():
+    train_m = np.unique(np.geomspace(1, 2048, 40).round())
+    X, y = _synthetic(train_m)
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3).fit(X, y)
+    assert model.chosen_["gemm"] in ("gp", "gbm", "ridge2")
+    test_m = np.array([3, 37, 150, 700, 1500])
+    Xt, yt = _synthetic(test_m)
+    ape = np.abs(model.predict(Xt) - yt) / yt
+    assert np.median(ape) < 0.05
+    with pytest.warns(ExtrapolationWarning, match="log_m"):
+        far = model.predict(_gemms([10**6]))
+    lo, hi = model.target_range_["gemm"]
+    roof = roofline_time_s(*(_gemms([10**6])[c].to_numpy() for c in ("flops", "bytes_moved")), CEIL)
+    assert 10**lo * roof[0] <= far[0] <= 10**hi * roof[0]  # bounded efficiency, never a runaway
+
+
+def test_unknown_family_and_unfitted_family_errors():
+    X, y = _synthetic(np.arange(1, 30))
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3).fit(X, y)
+    with pytest.raises(ValueError, match="fitted without families \\['gather'\\]"):
+        model.predict(kernel_table([GatherSpec(10, 4, 4)]))
+    bad = X.copy()
+    bad.loc[0, "family"] = "conv"
+    with pytest.raises(ValueError, match="unknown families \\['conv'\\]"):
+        model.predict(bad)
+    with pytest.raises(TypeError, match="kernel table"):
+        model.predict(np.zeros((2, 2)))
+
+
+def test_prediction_is_vectorised_and_fast_enough_to_matter():
+    X, y = _synthetic(np.unique(np.geomspace(1, 2048, 30).round()))
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3).fit(X, y)
+    big = pd.concat([X] * 2000, ignore_index=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # in-range queries warn about nothing
+        out = model.predict(big)
+    assert out.shape == (len(big),) and np.isfinite(out).all()

@@ -1,0 +1,65 @@
+"""CostModel persistence: round trip, fingerprint refusal, staleness, too little data."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from costmodel.device import ProfileMismatchError, fingerprint
+from costmodel.kernels import GemmSpec, SortSpec
+from costmodel.predictor import CostModel, StaleModelError
+from costmodel.profile import DeviceProfile, ProfileError
+
+CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
+
+
+def _fill(profile, n):
+    rows = []
+    for i, m in enumerate(np.unique(np.geomspace(1, 1024, n).round().astype(int))):
+        spec = GemmSpec(int(m), 64, 64)
+        rows.append({"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(),
+                     "bytes_moved": spec.bytes_moved(), "median_s": 1e-5 + spec.flops() / 5e10, "iqr_s": 1e-7,
+                     "noisy": False})
+    profile.append_measurements(rows)
+    profile.write_ceilings(CEIL)
+
+
+@pytest.fixture
+def profile(tmp_path):
+    return DeviceProfile.open(tmp_path, fingerprint(torch.device("cpu"), "float32"))
+
+
+def test_fit_save_load_predict(profile):
+    _fill(profile, 30)
+    model = CostModel.fit_profile(profile, cv_folds=3)
+    model.save(profile)
+    loaded = CostModel.load(profile, expected=profile.fingerprint)
+    specs = [GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)]
+    assert np.allclose(loaded.predict(specs).to_numpy(), model.predict(specs).to_numpy())
+    assert list(loaded.predict(specs).columns) == ["L0", "L1", "L2", "L3"]
+
+
+def test_models_refuse_another_device_and_report_staleness(profile):
+    _fill(profile, 30)
+    CostModel.fit_profile(profile, cv_folds=3).save(profile)
+    with pytest.raises(ProfileMismatchError, match="dtype"):
+        CostModel.load(profile, expected=replace(profile.fingerprint, dtype="bfloat16"))
+    spec = SortSpec(8)
+    profile.append_measurements([{"key": spec.key(), "round": 0, **spec.to_record(), "flops": 0.0,
+                                  "bytes_moved": spec.bytes_moved(), "median_s": 1e-6, "iqr_s": 0.0, "noisy": False}])
+    with pytest.raises(StaleModelError, match="refit"):
+        CostModel.load(profile)
+    assert CostModel.load(profile, allow_stale=True).levels
+
+
+def test_empty_or_tiny_profiles_are_clear_errors(profile):
+    with pytest.raises(ProfileError, match="no ceilings.json"):
+        CostModel.fit_profile(profile)
+    _fill(profile, 5)
+    with pytest.raises(ProfileError, match="at least 10 are needed"):
+        CostModel.fit_profile(profile)
+    with pytest.raises(ProfileError, match="no fitted models"):
+        CostModel.load(profile)

@@ -1,0 +1,62 @@
+"""Timing harness: Measurement statistics, run counts, noise detection, config errors."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+from costmodel.timing import Measurement, TimingConfig, measure
+
+
+def test_measurement_statistics_are_exact():
+    m = Measurement(times_s=(1.0, 2.0, 3.0, 4.0, 100.0), number_per_run=10, attempts=1, noisy=False,
+                    device="cpu", threads=1)
+    assert m.median_s == 3.0
+    assert m.iqr_s == pytest.approx(4.0 - 2.0)
+    assert m.rel_iqr == pytest.approx(2.0 / 3.0)
+    assert m.mean_s == pytest.approx(22.0)
+    summary = m.summary()
+    assert summary["runs"] == 5 and summary["number_per_run"] == 10 and summary["median_s"] == 3.0
+
+
+def test_measure_returns_a_measurement_with_enough_runs(tiny_timing):
+    calls = []
+    m = measure(lambda: calls.append(1), config=TimingConfig(min_run_time_s=0.005, min_runs=4, retries=0))
+    assert isinstance(m, Measurement)
+    assert len(m.times_s) >= 4 and m.number_per_run >= 1
+    assert len(calls) >= 4 * m.number_per_run  # every timed call really ran
+    assert m.median_s > 0 and m.device == "cpu"
+
+
+def test_noisy_measurement_is_retried_then_flagged():
+    durations = itertools.cycle([0.0005, 0.003])  # a bimodal kernel: IQR/median far above 5%
+
+    def flaky():
+        time.sleep(next(durations))
+
+    m = measure(flaky, config=TimingConfig(min_run_time_s=0.02, min_runs=4, retries=2, max_rel_iqr=0.05))
+    assert m.noisy is True
+    assert m.attempts == 3
+
+
+def test_clean_measurement_is_not_retried():
+    m = measure(lambda: time.sleep(0.001), config=TimingConfig(min_run_time_s=0.01, min_runs=3, retries=2,
+                                                               max_rel_iqr=0.9))
+    assert m.attempts == 1 and m.noisy is False
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"min_run_time_s": 0}, "timing.min_run_time_s must be > 0"),
+        ({"min_runs": 2}, "timing.min_runs must be >= 3"),
+        ({"max_rel_iqr": 1.5}, r"timing.max_rel_iqr must be in \(0, 1\)"),
+        ({"retries": -1}, "timing.retries must be >= 0"),
+        ({"rounds": 0}, "timing.rounds must be >= 1"),
+    ],
+)
+def test_bad_timing_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TimingConfig(**kwargs)
