@@ -11,7 +11,8 @@ Features per family (all logs base 10, sizes in elements unless the name says by
   2009), with the device's *measured* ceilings;
 - gemm: log M, K, N, aspect log(M/N), output tiles and wave efficiency (tiles over
   ceil(tiles/units)*units: how well the tiles fill the parallel units, "wave
-  quantization", NVIDIA's Matrix Multiplication Background guide);
+  quantization", NVIDIA's Matrix Multiplication Background guide), and whether it is a
+  matrix-vector product (M or N = 1: BLAS switches to a GEMV kernel);
 - grouped_gemm: experts, non-empty experts, total/max/mean tokens, imbalance (max/mean,
   CV) of the rows executed (a padded bmm executes max_n rows per expert), padding waste
   1 - sum/(E*max), implementation;
@@ -86,6 +87,7 @@ def family_features(t: pd.DataFrame, family: str, ceilings: Mapping[str, Any]) -
         f |= {
             "log_m": _log(m), "log_k": _log(k), "log_n": _log(n), "log_m_over_n": _log(m / n),
             "log_tiles": _log(tiles), "wave_eff": tiles / (np.ceil(tiles / units) * units),
+            "gemv": ((m == 1) | (n == 1)).astype(np.float64),  # BLAS dispatches matrix-vector kernels
         }
     elif family == "grouped_gemm":
         counts = _counts_matrix(t["tokens_per_expert"])

@@ -93,3 +93,8 @@ def index_for_cv(
             rng.shuffle(index)
     index.setflags(write=False)  # shared by the cache
     return index, counts_cv(index, num_targets)
+
+
+def realised_cv(num_rows: int, num_targets: int, cv: float, *, sorted: bool, seed: int = 0) -> float:
+    """The CV an index asked for ``cv`` really has (rounded): what a descriptor should say."""
+    return round(index_for_cv(num_rows, num_targets, float(cv), sorted=sorted, seed=seed)[1], 3)

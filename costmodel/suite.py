@@ -2,7 +2,8 @@
 
 A suite names, per family, lists of values whose cartesian product is measured, plus
 optional log-uniform random shapes (seeded) so that held-out evaluation meets shapes that
-are not on any grid line. ``equal_flops_trio`` builds the article's balanced /
+are not on any grid line. Index skews are asked for as a CV; the descriptor records the
+CV the generated index really has (``realised_cv``), so the model learns from the truth. ``equal_flops_trio`` builds the article's balanced /
 medium-skinny / tall-skinny GEMMs of equal 2MKN, sized to the device's memory.
 
 Everything is expanded and validated before anything is measured, so a bad size or name
@@ -16,6 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from costmodel.indices import realised_cv
 from costmodel.kernels import (
     DTYPE_BYTES,
     ElementwiseSpec,
@@ -124,7 +126,7 @@ def grouped_gemm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
 
 def gather_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
     return [
-        GatherSpec(rows, width, src, float(cv), bool(srt), dtype)
+        GatherSpec(rows, width, src, realised_cv(rows, src, cv, sorted=bool(srt)), bool(srt), dtype)
         for rows, width, src, cv, srt in _grid(cfg, "num_rows", "width", "num_src", "index_cv", "sorted")
     ]
 
@@ -142,12 +144,16 @@ def scatter_specs(cfg: Mapping[str, Any], dtype: str, backends: Iterable[str]) -
                 continue
             if backend == "index_copy" and (rows > dst or cv != cfg["index_cv"][0]):
                 continue  # a copy needs distinct destinations: one index pattern only
-            specs.append(ScatterSpec(rows, width, dst, reduce, backend, float(cv), bool(srt), dtype))
+            cv_real = 0.0 if backend == "index_copy" else realised_cv(rows, dst, cv, sorted=bool(srt))
+            specs.append(ScatterSpec(rows, width, dst, reduce, backend, cv_real, bool(srt), dtype))
     return specs
 
 
 def spmm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
-    return [SpmmSpec(nnz, width, nodes, nodes, float(cv), dtype) for nnz, width, nodes, cv in _grid(cfg, "nnz", "width", "nodes", "index_cv")]
+    return [
+        SpmmSpec(nnz, width, nodes, nodes, realised_cv(nnz, nodes, cv, sorted=True), dtype)
+        for nnz, width, nodes, cv in _grid(cfg, "nnz", "width", "nodes", "index_cv")
+    ]
 
 
 def small_op_specs(family: str, cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:

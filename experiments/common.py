@@ -52,6 +52,30 @@ def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
     return path
 
 
+def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, Any]]:
+    """(sweep value, instantiated generator) per point of a generator config with a
+    ``sweep: {param, values}`` block; every value is validated before anything runs."""
+    from hydra.utils import instantiate
+
+    param, values = section["sweep"]["param"], list(section["sweep"]["values"])
+    if not values:
+        raise ValueError(f"{what}.sweep.values must list at least one value")
+    out = []
+    for v in values:
+        overrides = {} if param is None else {param: v}
+        try:
+            gen = instantiate(section["generator"], **overrides)
+            if hasattr(gen, "func"):  # a partial generator function: check its arguments now
+                import inspect
+
+                inspect.signature(gen.func).bind_partial(*gen.args, **gen.keywords)
+        except Exception as err:  # Hydra wraps the generator's ValueError/TypeError
+            cause = err.__cause__ or err
+            raise ValueError(f"{what}.sweep: {param}={v!r}: {cause}") from None
+        out.append((v, gen))
+    return out
+
+
 def measure_interleaved(
     jobs: Sequence[Callable[[], Any]], *, device: torch.device, timing: TimingConfig, description: str,
     progress: bool = True,

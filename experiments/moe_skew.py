@@ -19,13 +19,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from hydra.utils import instantiate  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    add_errors, console, measure_interleaved, output_dir, plot_predicted_vs_measured, print_summary, print_table,
+    add_errors, console, instantiate_sweep, measure_interleaved, output_dir, plot_predicted_vs_measured, print_summary, print_table,
     summary, write_outputs,
 )
 from sim.calibration import calibrated_model, moe_suite  # noqa: E402
@@ -36,19 +35,7 @@ from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, sum
 
 def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     """(sweep value, generator) per point; every value validated before anything runs."""
-    routing = cfg["routing"]
-    param, values = routing["sweep"]["param"], list(routing["sweep"]["values"])
-    if not values:
-        raise ValueError("routing.sweep.values must list at least one value")
-    gens = []
-    for v in values:
-        overrides = {} if param is None else {param: v}
-        try:
-            gens.append((v, instantiate(routing["generator"], **overrides)))
-        except Exception as err:  # Hydra wraps the generator's ValueError
-            cause = err.__cause__ or err
-            raise ValueError(f"routing.sweep: {param}={v!r}: {cause}") from None
-    return gens
+    return instantiate_sweep(cfg["routing"], "routing")
 
 
 def moe_configs(cfg: Mapping[str, Any], dtype: str) -> list[MoEConfig]:

@@ -36,6 +36,8 @@ from costmodel.predictor import CostModel, StaleModelError
 from costmodel.profile import ProfileError
 from costmodel.runtime import Runtime
 from costmodel.suite import capped_power_law_counts, power_law_counts
+from costmodel.indices import realised_cv
+from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.moe_layer import MoEConfig, _activation_specs, _expert_projections
 
 console = Console()
@@ -117,3 +119,53 @@ def _counts_with_max(total: int, experts: int, max_n: int) -> tuple[int, ...]:
     rest = total - max_n
     others = power_law_counts(rest, experts - 1, 0.0) if experts > 1 else ()
     return (max_n, *others)
+
+
+def gnn_suite(cfgs: Sequence[GNNConfig], *, num_edges: int, cv_range: tuple[float, float], points: int = 8) -> TaggedSpecs:
+    """Kernels the GNN layers of ``cfgs`` execute on graphs of ``num_edges`` edges whose
+    degree CVs lie in ``cv_range``: each layer's trace over a grid of in/out-degree CVs
+    (indices from the suite's own Zipf generator, CVs as realised)."""
+    lo, hi = cv_range
+    grid = sorted({0.0, *np.geomspace(max(lo * 0.8, 0.05), max(hi * 1.25, 0.1), points).round(3).tolist()})
+    out: list[KernelSpec] = []
+    for cfg in cfgs:
+        dst_sorted = cfg.edge_order == "dst_sorted"
+        for cv in grid:  # the trace of a graph whose in- and out-degree CVs are both ~cv
+            cv_dst = realised_cv(num_edges, cfg.num_nodes, cv, sorted=dst_sorted)
+            cv_src = realised_cv(num_edges, cfg.num_nodes, cv, sorted=False)
+            out += gnn_trace(cfg, GraphPlan(cfg.num_nodes, num_edges, cv_dst, cv_src, False, dst_sorted))
+    seen: dict[str, KernelSpec] = {}
+    for s in out:
+        seen.setdefault(s.key(), s)
+    return [("calibration", s) for s in seen.values()]
+
+
+def gemm_suite(targets: Sequence[GemmSpec], *, points: int = 8) -> TaggedSpecs:
+    """GEMMs around ``targets``, never the targets themselves: for every (K, N) they use,
+    M on a log grid from 1 to twice the largest M at N and at N/2, leaving out the exact
+    target shapes. The cost model interpolates to the shapes an experiment evaluates
+    instead of looking them up, yet sees M = 1 (where BLAS switches to a GEMV path)
+    next to every target."""
+    out: list[KernelSpec] = []
+    target_set = set(targets)
+    by_kn: dict[tuple[int, int, str], set[int]] = {}
+    for g in targets:
+        by_kn.setdefault((g.k, g.n, g.dtype), set()).add(g.m)
+    for (k, n, dt), ms in by_kn.items():
+        for n_near in sorted({n, max(1, n // 2)}):
+            for m in _log_grid(1, max(2 * max(ms), 16), points):
+                spec = GemmSpec(m, k, n_near, dt)
+                if spec not in target_set:
+                    out.append(spec)
+    return [("calibration", s) for s in dict.fromkeys(out)]
+
+
+def small_op_suite(specs: Sequence[KernelSpec]) -> TaggedSpecs:
+    """Elementwise ops around the sizes in ``specs``: 0.5x and 2x each numel (never the
+    size itself)."""
+    out: list[KernelSpec] = []
+    for s in specs:
+        if isinstance(s, ElementwiseSpec):
+            for factor in (0.5, 2.0):
+                out.append(ElementwiseSpec(s.op, max(1, int(s.numel * factor)), s.dtype))
+    return [("calibration", s) for s in dict.fromkeys(out)]

@@ -1,11 +1,12 @@
 """Graph generators and degree statistics: pure, seeded, vectorised, O(E) memory.
 
-Every generator returns a ``[2, E]`` int64 ``torch`` edge index (row 0 source, row 1
-destination, as PyG's ``edge_index``) and never builds an N x N intermediate:
+Every generator takes (num_nodes, num_edges, keyword options, seed) and returns a
+``[2, E]`` int64 ``torch`` edge index (row 0 source, row 1 destination, as PyG's
+``edge_index``), never building an N x N intermediate:
 
 - ``erdos_renyi``: E edges with uniform endpoints (the G(n, m) model, with multi-edges
   unless deduplicated);
-- ``barabasi_albert``: preferential attachment, m edges per new node, by the
+- ``barabasi_albert``: preferential attachment, m = E/N edges per new node, by the
   Batagelj-Brandes edge-list method (Phys. Rev. E 71, 036113, 2005) with its sequential
   pointer resolved by vectorised pointer jumping;
 - ``rmat``: recursive matrix (Chakrabarti, Zhan & Faloutsos, SDM 2004) with Graph500's
@@ -20,8 +21,6 @@ removal, deduplication.
 """
 
 from __future__ import annotations
-
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -69,16 +68,17 @@ def erdos_renyi(num_nodes: int, num_edges: int, *, seed: int | np.random.Generat
 
 
 def barabasi_albert(
-    num_nodes: int, edges_per_node: int, *, seed: int | np.random.Generator = 0, **options: bool
+    num_nodes: int, num_edges: int, *, seed: int | np.random.Generator = 0, **options: bool
 ) -> torch.Tensor:
-    """Preferential attachment; node v links to ``edges_per_node`` earlier endpoints."""
-    _check_positive(num_nodes=num_nodes, edges_per_node=edges_per_node)
+    """Preferential attachment: each node links to m = round(E / N) earlier endpoints
+    (so the graph has N * m edges)."""
+    _check_positive(num_nodes=num_nodes, num_edges=num_edges)
     rng = _rng(seed)
-    m = edges_per_node
-    num_edges = num_nodes * m
-    j = np.arange(num_edges, dtype=np.int64)
+    m = max(1, int(round(num_edges / num_nodes)))
+    total = num_nodes * m
+    j = np.arange(total, dtype=np.int64)
     # slot 2j holds the new node j // m; slot 2j+1 copies a uniformly chosen earlier slot
-    pointer = (rng.random(num_edges) * (2 * j + 1)).astype(np.int64)  # uniform in [0, 2j]
+    pointer = (rng.random(total) * (2 * j + 1)).astype(np.int64)  # uniform in [0, 2j]
     target = pointer.copy()
     odd = target % 2 == 1
     while odd.any():  # resolve chains of odd slots: each jump goes strictly backwards
@@ -92,9 +92,9 @@ def rmat(
     num_edges: int,
     *,
     a: float = 0.57,
-    b: float = 0.19,
-    c: float = 0.19,
-    d: float | None = None,
+    b: float | None = 0.19,
+    c: float | None = 0.19,
+    d: float | None = 0.05,
     seed: int | np.random.Generator = 0,
     permute: bool = True,
     **options: bool,
@@ -102,10 +102,15 @@ def rmat(
     """R-MAT edges; ids at scale ceil(log2 N) are mapped onto [0, N) by id * N >> scale.
 
     Defaults are Graph500's (0.57, 0.19, 0.19, 0.05); a = b = c = d = 0.25 is uniform.
-    ``permute`` relabels nodes randomly (as Graph500 does) so hubs are not all at low ids.
+    With b, c and d all None they split 1 - a equally: one knob from uniform (a = 0.25)
+    to heavily skewed (a -> 1). ``permute`` relabels nodes randomly (as Graph500 does) so
+    hubs are not all at low ids.
     """
     _check_positive(num_nodes=num_nodes, num_edges=num_edges)
-    d = 1.0 - a - b - c if d is None else d
+    if b is None and c is None and d is None:
+        b = c = d = (1.0 - a) / 3.0
+    if b is None or c is None or d is None:
+        raise ValueError("graph.b, graph.c and graph.d must all be given, or all be null (equal split of 1 - a)")
     probs = np.array([a, b, c, d], dtype=np.float64)
     if (probs < 0).any() or abs(probs.sum() - 1.0) > 1e-6:
         raise ValueError(f"graph.(a, b, c, d) must be >= 0 and sum to 1, got {tuple(probs)}")
@@ -129,22 +134,25 @@ def rmat(
 
 
 def sbm(
-    block_sizes: Sequence[int],
+    num_nodes: int,
     num_edges: int,
     *,
+    num_blocks: int = 4,
     p_in: float = 0.9,
     p_out: float = 0.1,
     seed: int | np.random.Generator = 0,
     **options: bool,
 ) -> torch.Tensor:
-    """Stochastic block model with ``num_edges`` edges; p_in/p_out weight block pairs."""
-    sizes = np.asarray(block_sizes, dtype=np.int64)
-    if sizes.size == 0 or (sizes < 1).any():
-        raise ValueError(f"graph.block_sizes must be a non-empty list of positive sizes, got {list(block_sizes)}")
-    _check_positive(num_edges=num_edges)
+    """Stochastic block model, ``num_blocks`` near-equal blocks, ``num_edges`` edges;
+    p_in / p_out weight pairs inside / across blocks."""
+    _check_positive(num_nodes=num_nodes, num_edges=num_edges, num_blocks=num_blocks)
+    if num_blocks > num_nodes:
+        raise ValueError(f"graph.num_blocks must be in [1, num_nodes={num_nodes}], got {num_blocks}")
     if not (p_in >= 0 and p_out >= 0 and p_in + p_out > 0):
         raise ValueError(f"graph.p_in and graph.p_out must be >= 0 and not both 0, got {p_in}, {p_out}")
     rng = _rng(seed)
+    sizes = np.full(num_blocks, num_nodes // num_blocks, dtype=np.int64)
+    sizes[: num_nodes % num_blocks] += 1
     nb = sizes.size
     prob = np.where(np.eye(nb, dtype=bool), p_in, p_out) * np.outer(sizes, sizes)
     pair = rng.choice(nb * nb, size=num_edges, p=(prob / prob.sum()).ravel())
@@ -152,7 +160,7 @@ def sbm(
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     src = starts[bs] + (rng.random(num_edges) * sizes[bs]).astype(np.int64)
     dst = starts[bd] + (rng.random(num_edges) * sizes[bd]).astype(np.int64)
-    return finalize(src, dst, int(sizes.sum()), **options)
+    return finalize(src, dst, num_nodes, **options)
 
 
 def chung_lu(

@@ -1,0 +1,63 @@
+"""A workload is something runnable with a trace: predict it, measure it, compare.
+
+Every experiment builds a list of ``Workload`` (a layer or a bare kernel, its kernel trace,
+a zero-argument callable that runs it, and descriptive columns), then
+``evaluate_workloads`` predicts each trace with every cost-model level, measures every
+callable in interleaved rounds and returns one tidy row per workload with the APE of
+every level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+import torch
+
+from costmodel.kernels import KernelSpec
+from costmodel.predictor import LEVELS, CostModel
+from costmodel.timing import TimingConfig
+from experiments.common import add_errors, measure_interleaved
+from sim.simulator import predict_trace
+
+
+@dataclass
+class Workload:
+    label: str  # short name for tables and plots
+    trace: Sequence[KernelSpec]  # what it executes
+    run: Callable[[], Any]  # runs it once
+    columns: dict[str, Any] = field(default_factory=dict)  # experiment-specific descriptors
+
+    @property
+    def flops(self) -> float:
+        return float(sum(s.flops() for s in self.trace))
+
+    @property
+    def bytes_moved(self) -> float:
+        return float(sum(s.bytes_moved() for s in self.trace))
+
+
+def predict_workloads(model: CostModel, workloads: Sequence[Workload]) -> pd.DataFrame:
+    rows = []
+    for w in workloads:
+        pred = predict_trace(model, w.trace, quiet=True)
+        rows.append({"label": w.label, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
+                     "kernels": len(w.trace), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS}})
+    return pd.DataFrame(rows)
+
+
+def evaluate_workloads(
+    model: CostModel, workloads: Sequence[Workload], *, device: torch.device, timing: TimingConfig,
+    description: str, progress: bool = True, peak_flops_per_s: float | None = None,
+) -> pd.DataFrame:
+    """Predicted (every level) and measured latency of every workload, with errors."""
+    predicted = predict_workloads(model, workloads)
+    measured = pd.DataFrame(measure_interleaved([w.run for w in workloads], device=device, timing=timing,
+                                                description=description, progress=progress))
+    df = add_errors(pd.concat([predicted, measured], axis=1))
+    df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
+    df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
+    if peak_flops_per_s:
+        df["mfu"] = df["flops"] / df["measured_s"] / peak_flops_per_s
+    return df
