@@ -23,9 +23,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    add_errors, console, instantiate_sweep, measure_interleaved, output_dir, plot_predicted_vs_measured,
-    print_summary, print_table, summary, write_outputs,
+    console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
 )
+from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, degree_stats  # noqa: E402
@@ -80,24 +80,18 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))
-    rows, jobs, layers = [], [], {}
+    workloads, layers = [], {}
+    generator_name = cfg["graph"]["generator"]["_target_"].rsplit(".", 1)[-1]
     for i, ((value, edge_index), st) in enumerate(zip(graphs, stats)):
         for c in configs:
             layer = GNNLayer(c, device=rt.device, seed=rt.seed)
             plan = layer.set_graph(edge_index)
             layers[(i, c.backend)] = layer
-            pred = predict_trace(model, gnn_trace(c, plan), quiet=True)
-            rows.append({
-                "point": i, "generator": cfg["graph"]["generator"]["_target_"].rsplit(".", 1)[-1],
-                "param": cfg["graph"]["sweep"]["param"], "value": value, "backend": c.backend, **st,
-                "width": c.agg_width, "flops": c.useful_flops(plan.num_edges), "kernels": len(pred),
-                **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS},
-            })
-            jobs.append(lambda layer=layer: layer(x))
-    measured = measure_interleaved(jobs, device=rt.device, timing=rt.timing, description="measure gnn layers",
-                                   progress=bool(cfg.get("progress", True)))
-    df = add_errors(pd.DataFrame([{**r, **m} for r, m in zip(rows, measured)]))
-    df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
+            workloads.append(Workload(c.backend, gnn_trace(c, plan), lambda layer=layer: layer(x), {
+                "point": i, "generator": generator_name, "param": cfg["graph"]["sweep"]["param"], "value": value,
+                "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure gnn layers",
+                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["kernel_point"]) % len(graphs)

@@ -24,9 +24,9 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    add_errors, console, instantiate_sweep, measure_interleaved, output_dir, plot_predicted_vs_measured, print_summary, print_table,
-    summary, write_outputs,
+    console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
 )
+from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
@@ -70,30 +70,23 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     model = calibrated_model(rt, moe_suite(configs), suite_name="moe", progress=bool(cfg.get("progress", True)))
     base = configs[0]
-    rows, jobs = [], []
     x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))
     layers = {c.backend: MoELayer(c, device=rt.device, seed=rt.seed) for c in configs}
-    routings = []
+    routings, workloads = [], []
     for i, (value, gen) in enumerate(generators):
         routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
                         seed=rt.seed + i, capacity_factor=capacity)
         routings.append(routing)
         plan = DispatchPlan.from_routing(routing)
-        metrics = routing.metrics()
+        columns = {"point": i, "generator": type(gen).__name__, "param": cfg["routing"]["sweep"]["param"],
+                   "value": value, **routing.metrics()}
         for c in configs:
-            pred = predict_trace(model, moe_trace(c, plan), quiet=True)
-            rows.append({
-                "point": i, "generator": type(gen).__name__, "param": cfg["routing"]["sweep"]["param"], "value": value,
-                "backend": c.backend, **metrics, "flops": c.useful_flops(plan.assignments),
-                "kernels": len(pred), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS},
-            })
             layer = layers[c.backend]
-            jobs.append(lambda layer=layer, routing=routing: layer(x, routing))
-    measured = measure_interleaved(jobs, device=rt.device, timing=rt.timing, description="measure moe layers",
-                                   progress=bool(cfg.get("progress", True)))
-    df = add_errors(pd.DataFrame([{**r, **m} for r, m in zip(rows, measured)]))
-    df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
+            workloads.append(Workload(c.backend, moe_trace(c, plan), lambda layer=layer, r=routing: layer(x, r),
+                                      {**columns, "backend": c.backend, "model_flops": c.useful_flops(plan.assignments)}))
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure moe layers",
+                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["kernel_point"]) % len(generators)
@@ -112,7 +105,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
         "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
         "capacity_factor": capacity, "backends": [c.backend for c in configs], "unavailable_backends": unavailable,
-        "flops_constant": bool(df.groupby("backend")["flops"].nunique().max() == 1),
+        "model_flops_constant": bool(df["model_flops"].nunique() == 1),
         "latency_ratio_max_over_min_per_backend": df.groupby("backend")["measured_s"].agg(lambda s: s.max() / s.min()).to_dict(),
         "per_backend_median_ape_pct": {b: {lv: float(g[f"ape_{lv}_pct"].median()) for lv in LEVELS} for b, g in df.groupby("backend")},
         "kernel_point": {"index": kp, "value": generators[kp][0]},

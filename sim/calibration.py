@@ -169,3 +169,18 @@ def small_op_suite(specs: Sequence[KernelSpec]) -> TaggedSpecs:
             for factor in (0.5, 2.0):
                 out.append(ElementwiseSpec(s.op, max(1, int(s.numel * factor)), s.dtype))
     return [("calibration", s) for s in dict.fromkeys(out)]
+
+
+def aggregation_suite(num_nodes: int, edge_counts: Sequence[int], width: int, cv_range: tuple[float, float],
+                      dtype: str, *, points: int = 5) -> TaggedSpecs:
+    """Gather + index_add scatter at 0.7x and 1.4x every E in ``edge_counts`` (never E
+    itself) over a grid of degree CVs covering ``cv_range``."""
+    lo, hi = cv_range
+    grid = sorted({0.0, *np.geomspace(max(lo * 0.8, 0.05), max(hi * 1.25, 0.1), points).round(3).tolist()})
+    out: list[KernelSpec] = []
+    for e in sorted({int(f * e) for e in edge_counts for f in (0.7, 1.4)}):
+        for cv in grid:
+            out.append(GatherSpec(e, width, num_nodes, realised_cv(e, num_nodes, cv, sorted=False), False, dtype))
+            out.append(ScatterSpec(e, width, num_nodes, "sum", "index_add",
+                                   realised_cv(e, num_nodes, cv, sorted=False), False, dtype))
+    return [("calibration", s) for s in dict.fromkeys(out)]

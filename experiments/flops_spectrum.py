@@ -1,0 +1,162 @@
+"""experiment=flops_spectrum: FLOPs' explanatory power, from dense MLPs to GNN aggregation.
+
+Six workload classes (large dense MLP, small-batch MLP, MoE under spread and concentrated
+routing, GNN aggregation on uniform and skewed graphs), a few sizes each. Per class: the
+median APE of L0 (FLOPs / peak), the R^2 of latency on FLOPs (proportional fit latency =
+FLOPs / rate, with the rate fitted per class and, stricter, one rate for the whole
+device), and the same for L3. The seed article's table "FLOPs explains dense GEMMs well,
+GNN aggregation hardly at all", measured. Outputs: results.csv, classes.csv,
+summary.json, latency_vs_flops.png, predicted_vs_measured.png.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from costmodel import ops  # noqa: E402
+from costmodel.kernels import GatherSpec, ScatterSpec  # noqa: E402
+from costmodel.runtime import Runtime  # noqa: E402
+from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
+from sim.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, small_op_suite  # noqa: E402
+from sim.graphs import degree_stats, rmat  # noqa: E402
+from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
+from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, moe_trace  # noqa: E402
+from sim.routing import ZipfRouting, route  # noqa: E402
+
+CLASSES = ("dense MLP", "small-batch MLP", "MoE spread", "MoE concentrated", "GNN agg uniform", "GNN agg skewed")
+
+
+def r_squared(measured: np.ndarray, predicted: np.ndarray) -> float:
+    """1 - SS_res / SS_tot (can be negative: worse than predicting the mean)."""
+    ss_tot = float(((measured - measured.mean()) ** 2).sum())
+    return 1.0 - float(((measured - predicted) ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+
+
+def proportional_rate(flops: np.ndarray, latency: np.ndarray) -> float:
+    """Least-squares rate R for latency = FLOPs / R (fit of latency on FLOPs through 0)."""
+    return float((flops * flops).sum() / (flops * latency).sum())
+
+
+def build_workloads(cfg: dict, rt: Runtime) -> tuple[list[Workload], list]:
+    sp, dt, dev, gen = cfg["spectrum"], rt.dtype, rt.device, torch.Generator().manual_seed(rt.seed)
+    tensor = lambda *shape: torch.randn(*shape, generator=gen).to(dev, getattr(torch, dt))  # noqa: E731
+    workloads: list[Workload] = []
+    suite: list = []
+    mlps = [("dense MLP", MLPConfig(sp["dense_mlp"]["batch"], d, h, dt)) for d, h in sp["dense_mlp"]["sizes"]]
+    s = sp["small_batch_mlp"]
+    mlps += [("small-batch MLP", MLPConfig(b, s["d_model"], s["d_hidden"], dt)) for b in s["batches"]]
+    for cls, c in mlps:
+        module, x = MLP(c, device=dev, seed=rt.seed), tensor(c.batch, c.d_model)
+        trace = mlp_trace(c)
+        workloads.append(Workload(f"{cls} B={c.batch} D={c.d_model}", trace, lambda m=module, x=x: m(x), {"class": cls}))
+        suite += gemm_suite([k for k in trace if k.family == "gemm"]) + small_op_suite(trace)
+    m = sp["moe"]
+    for cls, expo in (("MoE spread", m["spread_exponent"]), ("MoE concentrated", m["concentrated_exponent"])):
+        for i, t in enumerate(m["tokens"]):
+            c = MoEConfig(tokens=t, d_model=m["d_model"], d_ff=m["d_ff"], num_experts=m["num_experts"], top_k=m["top_k"],
+                          backend=m["backend"], dtype=dt)
+            routing = route(ZipfRouting(float(expo)), tokens=t, num_experts=c.num_experts, top_k=c.top_k, seed=rt.seed + i)
+            layer, x = MoELayer(c, device=dev, seed=rt.seed), tensor(t, c.d_model)
+            workloads.append(Workload(f"{cls} T={t}", moe_trace(c, DispatchPlan.from_routing(routing)),
+                                      lambda layer=layer, x=x, r=routing: layer(x, r), {"class": cls}))
+            suite += moe_suite([c])
+    g = sp["gnn"]
+    n, width, cvs = g["num_nodes"], g["width"], []
+    for cls, a in (("GNN agg uniform", g["uniform_a"]), ("GNN agg skewed", g["skewed_a"])):
+        for i, e in enumerate(g["edges"]):
+            ei = rmat(n, e, a=float(a), b=None, c=None, d=None, seed=rt.seed + i)
+            st = degree_stats(ei, n)
+            cvs += [st["degree_cv"], st["out_degree_cv"]]
+            src, dst, x = ei[0].to(dev), ei[1].to(dev), tensor(n, width)
+            trace = [GatherSpec(e, width, n, round(st["out_degree_cv"], 3), False, dt),
+                     ScatterSpec(e, width, n, "sum", "index_add", round(st["degree_cv"], 3), False, dt)]
+
+            def aggregate(x=x, src=src, dst=dst):
+                with ops.kernel_scope("gather"):
+                    msg = ops.gather(x, src)
+                with ops.kernel_scope("scatter"):
+                    return ops.scatter(msg, dst, n, reduce="sum", backend="index_add")
+
+            workloads.append(Workload(f"{cls} E={e}", trace, aggregate, {"class": cls, "degree_cv": st["degree_cv"]}))
+    suite += aggregation_suite(n, g["edges"], width, (min(cvs), max(cvs)), dt)
+    return workloads, list(dict.fromkeys(suite))
+
+
+def class_table(df: pd.DataFrame) -> pd.DataFrame:
+    device_rate = proportional_rate(df["flops"].to_numpy(), df["measured_s"].to_numpy())
+    rows = []
+    for cls in CLASSES:
+        g = df[df["class"] == cls]
+        if g.empty:
+            continue
+        f, y = g["flops"].to_numpy(), g["measured_s"].to_numpy()
+        rows.append({
+            "class": cls, "n": len(g), "achieved_gflops": float(np.median(f / y) / 1e9),
+            "L0_median_ape_pct": float(g["ape_L0_pct"].median()),
+            "r2_flops_class_rate": r_squared(y, f / proportional_rate(f, y)),
+            "r2_flops_device_rate": r_squared(y, f / device_rate),
+            "flops_device_rate_median_ape_pct": float(np.median(np.abs(f / device_rate - y) / y) * 100),
+            "L3_median_ape_pct": float(g["ape_L3_pct"].median()),
+            "r2_L3": r_squared(y, g["pred_L3_s"].to_numpy()),
+        })
+    return pd.DataFrame(rows)
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    rt = Runtime.from_cfg(cfg)
+    out = output_dir(cfg, out_dir)
+    workloads, suite = build_workloads(cfg, rt)
+    model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)))
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure workloads",
+                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    classes = class_table(df)
+    classes.to_csv(out / "classes.csv", index=False)
+    pooled = r_squared(df["measured_s"].to_numpy(), df["flops"].to_numpy() / proportional_rate(
+        df["flops"].to_numpy(), df["measured_s"].to_numpy()))
+    summ = summary("flops_spectrum", rt.fingerprint.describe(), df, details={
+        "classes": classes.to_dict("records"), "r2_flops_device_rate_all": pooled,
+        "r2_log_latency_on_log_flops_all": float(np.corrcoef(np.log(df["flops"]), np.log(df["measured_s"]))[0, 1] ** 2),
+    })
+    write_outputs(out, df, summ)
+    _plot(df, out)
+    plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="FLOPs spectrum: predicted vs measured",
+                               hue="class")
+    print_table(classes, {"class": "", "n": "", "achieved_gflops": ".1f", "L0_median_ape_pct": ".1f",
+                          "r2_flops_class_rate": ".2f", "r2_flops_device_rate": ".2f",
+                          "flops_device_rate_median_ape_pct": ".0f", "L3_median_ape_pct": ".1f", "r2_L3": ".3f"},
+                title="how much latency FLOPs explains, per workload class")
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _plot(df: pd.DataFrame, out: Path) -> None:
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for cls in CLASSES:
+        g = df[df["class"] == cls]
+        ax.scatter(g["flops"], g["measured_s"] * 1e3, label=cls, s=30)
+    f = np.geomspace(df["flops"].min(), df["flops"].max(), 50)
+    rate = proportional_rate(df["flops"].to_numpy(), df["measured_s"].to_numpy())
+    ax.plot(f, f / rate * 1e3, "k--", lw=1, label=f"latency = FLOPs / {rate / 1e9:.0f} GFLOP/s (one rate)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("FLOPs")
+    ax.set_ylabel("measured latency [ms]")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=8)
+    ax.set_title("FLOPs is a workload metric: same FLOPs, latency by class")
+    fig.tight_layout()
+    fig.savefig(out / "latency_vs_flops.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,90 @@
+"""Every experiment config composes and runs end to end in a tiny form; bad input fails fast."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+EXPERIMENTS = sorted(p.stem for p in Path(CONF, "experiment").glob("*.yaml"))
+SUMMARY_KEYS = {"experiment", "device", "n_points", "noise_cv_pct", "median_ape_pct", "p90_ape_pct", "max_ape_pct",
+                "spearman", "details"}
+
+TINY_TIMING = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=1", "timing.retries=0", "progress=false"]
+TINY = {
+    "moe_skew": ["moe.tokens=64", "moe.d_model=32", "moe.d_ff=32", "moe.num_experts=4", "moe.top_k=2",
+                 "routing.sweep.values=[0.0,3.0]", "measure.profile_iterations=2"],
+    "gnn_degree": ["gnn.num_nodes=512", "gnn.num_edges=2048", "gnn.in_features=8", "gnn.out_features=8",
+                   "gnn.backends=[index_add,sparse_csr]", "graph.sweep.values=[0.25,0.6]", "measure.profile_iterations=2"],
+    "gemm_same_flops": ["gemm.max_operand_bytes=1048576", "gemm.flops_levels=[1.0]"],
+    "mlp_batch": ["mlp.d_model=32", "mlp.d_hidden=64", "mlp.batches=[1,8]"],
+    "flops_spectrum": ["spectrum.dense_mlp.batch=16", "spectrum.dense_mlp.sizes=[[16,32],[32,64]]",
+                       "spectrum.small_batch_mlp.d_model=32", "spectrum.small_batch_mlp.d_hidden=64",
+                       "spectrum.small_batch_mlp.batches=[1,2]", "spectrum.moe.tokens=[32,64]", "spectrum.moe.d_model=16",
+                       "spectrum.moe.d_ff=16", "spectrum.moe.num_experts=4", "spectrum.gnn.num_nodes=256",
+                       "spectrum.gnn.edges=[1024,2048]", "spectrum.gnn.width=8"],
+    "roofline": [],
+}
+
+
+def _cfg(name: str, profile_root: Path, *extra: str):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return compose("config", overrides=[f"experiment={name}", f"profile.root={profile_root}", *TINY_TIMING,
+                                            *TINY[name], *extra])
+
+
+def test_every_experiment_has_a_tiny_form():
+    assert set(EXPERIMENTS) == set(TINY)
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_config_composes(name, tmp_path):
+    cfg = _cfg(name, tmp_path)
+    assert cfg.name == name
+    assert importlib.import_module(f"experiments.{name}").run
+
+
+@pytest.fixture(scope="module")
+def shared_profile(tmp_path_factory):
+    return tmp_path_factory.mktemp("profiles")
+
+
+@pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n != "roofline"] + ["roofline"])
+def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, monkeypatch):
+    monkeypatch.chdir(shared_profile)  # roofline globs outputs/ of the earlier tiny runs here
+    out = shared_profile / "outputs" / name / "run"
+    summary = importlib.import_module(f"experiments.{name}").run(_cfg(name, shared_profile), out_dir=out)
+    assert set(summary) == SUMMARY_KEYS and summary["experiment"] == name
+    written = json.loads((out / "summary.json").read_text())
+    assert written["n_points"] == summary["n_points"] > 0
+    assert set(written["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
+    assert (out / "results.csv").stat().st_size > 0
+    assert list(out.glob("*.png"))
+    if name == "roofline":
+        assert set(summary["details"]["experiments_found"]) >= {"moe_skew", "gnn_degree", "mlp_batch"}
+
+
+@pytest.mark.parametrize(
+    "name, overrides, message",
+    [
+        ("moe_skew", ["moe.top_k=9", "moe.num_experts=4"], r"moe.top_k must be in \[1, moe.num_experts=4\], got 9"),
+        ("moe_skew", ["moe.tokens=-8"], "moe.tokens must be a positive integer"),
+        ("moe_skew", ["moe.backends=[loop,megablocks]"], "moe.backend must be one of"),
+        ("moe_skew", ["routing.sweep.values=[0.0,-2.0]"], r"routing.sweep: exponent=-2.0: routing.exponent must be in"),
+        ("moe_skew", ["routing=dirichlet", "routing.sweep.values=[0.0]"], "routing.concentration must be in"),
+        ("gnn_degree", ["gnn.backends=[index_add,dgl]"], "gnn.backend must be one of"),
+        ("gnn_degree", ["gnn.aggregation=max", "gnn.backends=[sparse_csr]"], "'sparse_csr' aggregates by matmul"),
+        ("gnn_degree", ["gnn.num_edges=0"], "gnn.num_edges must be a positive integer"),
+        ("mlp_batch", ["mlp.batches=[1,0]"], "mlp.batch must be a positive integer"),
+        ("moe_skew", ["device=tpu"], "device must be one of"),
+    ],
+)
+def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path):
+    cfg = _cfg(name, tmp_path / "profiles", *overrides)
+    with pytest.raises(ValueError, match=message):
+        importlib.import_module(f"experiments.{name}").run(cfg, out_dir=tmp_path / "out")
+    assert not (tmp_path / "profiles").exists()  # nothing was calibrated or measured

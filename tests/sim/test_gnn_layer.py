@@ -1,0 +1,83 @@
+"""The GNN module's backends agree, its trace matches execution, bad input is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from costmodel.ops import SCOPE_PREFIX, scatter_backends_available
+from sim.gnn_layer import GNN_BACKENDS, GNNConfig, GNNLayer, GraphPlan, gnn_trace
+from sim.graphs import rmat
+
+N = 256
+EDGES = rmat(N, 2000, seed=0)
+BACKENDS = [b for b in GNN_BACKENDS if b != "torch_scatter" or "torch_scatter" in scatter_backends_available()]
+
+
+def _run(kind, aggregation, backend, order="original"):
+    cfg = GNNConfig(num_nodes=N, in_features=8, out_features=4, kind=kind, aggregation=aggregation, backend=backend,
+                    edge_order=order)
+    layer = GNNLayer(cfg, seed=0)
+    layer.set_graph(EDGES)
+    x = torch.randn(N, 8, generator=torch.Generator().manual_seed(0))
+    return cfg, layer, x
+
+
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+@pytest.mark.parametrize("aggregation", ["sum", "mean", "max"])
+def test_backends_and_edge_orders_agree(kind, aggregation):
+    outs = []
+    for backend in BACKENDS:
+        for order in ("original", "dst_sorted"):
+            try:
+                _, layer, x = _run(kind, aggregation, backend, order)
+            except ValueError:
+                continue  # e.g. index_add cannot take a max
+            outs.append(layer(x))
+    assert len(outs) >= 2
+    for out in outs[1:]:
+        assert torch.allclose(out, outs[0], atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["gcn", "sage"])
+def test_trace_agrees_with_execution(backend, kind):
+    cfg, layer, x = _run(kind, "sum", backend, "dst_sorted")
+    trace = gnn_trace(cfg, layer.plan)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        layer(x)
+    families = [ev.name[len(SCOPE_PREFIX):] for ev in prof.events() if ev.name.startswith(SCOPE_PREFIX)]
+    assert families == [s.family for s in trace]
+    assert layer.plan.dst_sorted and layer.plan.num_edges == EDGES.shape[1]
+    agg = [s for s in trace if s.family in ("scatter", "spmm")][0]
+    assert agg.num_dst == N and agg.width == cfg.agg_width
+
+
+def test_plan_reads_the_graph():
+    plan = GraphPlan.from_edge_index(torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1]]), 4, sorted_by_dst=False)
+    assert plan.num_edges == 4 and plan.dst_sorted and plan.src_sorted
+    assert plan.in_degree_cv == pytest.approx(round(float(torch.tensor([3.0, 1, 0, 0]).std(unbiased=False)), 3))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(backend="index_add", aggregation="max"), "index_add' only sums"),
+        (dict(backend="sparse_csr", aggregation="max"), "'sparse_csr' aggregates by matmul"),
+        (dict(backend="dgl"), "gnn.backend must be one of"),
+        (dict(aggregation="median"), "gnn.aggregation must be one of"),
+        (dict(num_nodes=0), "gnn.num_nodes must be a positive integer"),
+    ],
+)
+def test_bad_config(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GNNConfig(**kwargs)
+
+
+def test_bad_graph_is_refused_before_running():
+    layer = GNNLayer(GNNConfig(num_nodes=4, in_features=2, out_features=2), seed=0)
+    with pytest.raises(ValueError, match=r"values must be in \[0, num_nodes=4\)"):
+        layer.set_graph(torch.tensor([[0, 9], [1, 2]]))
+    with pytest.raises(RuntimeError, match="set_graph"):
+        layer(torch.randn(4, 2))
