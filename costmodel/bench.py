@@ -32,6 +32,7 @@ class SizeLimits:
 
     max_flops: float  # one call above this takes too long to repeat
     max_bytes: float  # ideal traffic above this risks running out of memory
+    max_call_s: float = float("inf")  # a first call slower than this is skipped (too slow to repeat)
 
 
 @dataclass
@@ -100,6 +101,18 @@ def make_progress(show: bool) -> Progress:
     )
 
 
+def _too_slow(runner: Any, device: torch.device, limits: SizeLimits) -> str | None:
+    """Time one call (also a warm-up); a kernel slower than the limit is not repeated."""
+    start = time.perf_counter()
+    runner()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elapsed = time.perf_counter() - start
+    if elapsed > limits.max_call_s:
+        return f"one call took {elapsed:.2f} s > bench.limits.max_call_s={limits.max_call_s:g}"
+    return None
+
+
 def measure_specs(
     tagged_specs: Sequence[tuple[str, KernelSpec]],
     profile: DeviceProfile,
@@ -152,7 +165,9 @@ def measure_specs(
                 if reason is None:
                     try:
                         runner = make_runner(spec, device, pool_bytes=pool_bytes)
-                        m = measure(runner, device=device, config=per_round)
+                        reason = _too_slow(runner, device, limits)
+                        if reason is None:
+                            m = measure(runner, device=device, config=per_round)
                     except (torch.OutOfMemoryError, MemoryError) as err:
                         reason = f"out of memory: {str(err).splitlines()[0][:200]}"
                     finally:

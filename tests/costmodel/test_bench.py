@@ -63,3 +63,11 @@ def test_interrupted_run_keeps_what_it_measured(profile, monkeypatch):
     monkeypatch.setattr(bench, "measure", real)
     _run(profile)  # resumes the rest
     assert len(profile.measurements()) == 3 * TIMING.rounds
+
+
+def test_kernels_too_slow_to_repeat_are_skipped_with_a_note(profile):
+    slow = SizeLimits(max_flops=1e12, max_bytes=1e12, max_call_s=1e-9)
+    result = measure_specs(SPECS[:2], profile, device=torch.device("cpu"), timing=TIMING, limits=slow, suite="test",
+                           show_progress=False)
+    assert result.measured == 0 and len(result.skipped) == 2
+    assert profile.skipped()["reason"].str.contains("max_call_s").all()
