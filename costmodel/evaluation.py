@@ -6,7 +6,9 @@
 - Extrapolation split: per family, the shapes whose work (FLOPs, or bytes for families
   without FLOPs) is above a quantile are the test set; training sees only smaller ones.
 - Metrics: median and p90 absolute percentage error, share of shapes within +-10%
-  (a fraction in [0, 1]), Spearman rank correlation, and the test count.
+  (a fraction in [0, 1]), Spearman rank correlation, the test count, and the noise floor:
+  the median APE a perfect model would score given how much each measured value itself
+  varies between rounds (``noise_floor_median_ape_pct``).
 """
 
 from __future__ import annotations
@@ -26,13 +28,27 @@ from costmodel.models import ExtrapolationWarning, ape_pct, kernel_work, shape_g
 MIN_TEST_GROUPS = 4  # a family with fewer shape groups gets no held-out score
 
 
-def metrics(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Any]:
-    """APE summary and rank correlation; None where undefined (JSON has no NaN)."""
+def measurement_sigma(round_cv: np.ndarray, rounds: np.ndarray) -> np.ndarray:
+    """Relative standard error of a median of ``rounds`` round medians whose spread is
+    ``round_cv``: sqrt(pi/2) * cv / sqrt(rounds) (the median's efficiency under normal noise)."""
+    return np.sqrt(np.pi / 2) * np.asarray(round_cv, float) / np.sqrt(np.maximum(np.asarray(rounds, float), 1))
+
+
+def noise_floor_median_ape_pct(sigma: np.ndarray) -> float:
+    """Median APE a *perfect* model would score against labels this noisy: the median of
+    |N(0, sigma_i)| is 0.6745 sigma_i. No model can be expected to beat it."""
+    return float(100 * np.median(0.6745 * np.asarray(sigma, float))) if len(sigma) else float("nan")
+
+
+def metrics(predicted: np.ndarray, measured: np.ndarray, sigma: np.ndarray | None = None) -> dict[str, Any]:
+    """APE summary and rank correlation; None where undefined (JSON has no NaN). With the
+    measured values' relative noise ``sigma``, also the noise floor of the median APE."""
     predicted = np.asarray(predicted, dtype=np.float64)
     measured = np.asarray(measured, dtype=np.float64)
+    floor = None if sigma is None or len(measured) == 0 else noise_floor_median_ape_pct(sigma)
     if len(measured) == 0:
         return {"median_ape_pct": None, "p90_ape_pct": None, "max_ape_pct": None, "within_10pct": None,
-                "spearman": None, "n_test": 0}
+                "spearman": None, "n_test": 0, "noise_floor_median_ape_pct": floor}
     ape = ape_pct(predicted, measured)
     defined = len(measured) > 2 and np.ptp(predicted) > 0 and np.ptp(measured) > 0
     rho = spearmanr(predicted, measured).statistic if defined else float("nan")
@@ -43,6 +59,7 @@ def metrics(predicted: np.ndarray, measured: np.ndarray) -> dict[str, Any]:
         "within_10pct": float(np.mean(ape <= 10.0)),
         "spearman": None if math.isnan(rho) else float(rho),
         "n_test": int(len(measured)),
+        "noise_floor_median_ape_pct": floor,
     }
 
 
@@ -89,8 +106,11 @@ def evaluate_split(
         warnings.simplefilter("ignore", ExtrapolationWarning)
         predictions = {name: clone(model).fit(Xtr, ytr).predict(Xte) for name, model in levels.items()}
     fam = Xte["family"].to_numpy()
+    sigma = (measurement_sigma(Xte["round_cv"].to_numpy(), Xte["rounds"].to_numpy())
+             if {"round_cv", "rounds"} <= set(Xte.columns) else None)
     for family in sorted(set(X["family"])):
         mask = fam == family
-        report[family] = {name: metrics(p[mask], yte[mask]) for name, p in predictions.items()}
-    report["all"] = {name: metrics(p, yte) for name, p in predictions.items()}
+        s = None if sigma is None else sigma[mask]
+        report[family] = {name: metrics(p[mask], yte[mask], s) for name, p in predictions.items()}
+    report["all"] = {name: metrics(p, yte, sigma) for name, p in predictions.items()}
     return report

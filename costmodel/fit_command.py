@@ -39,12 +39,13 @@ def report_table(report: dict[str, Any], title: str) -> Table:
         table.add_column(f"{level} med/p90 APE %", justify="right")
     table.add_column("L3 within 10%", justify="right")
     table.add_column("L3 spearman", justify="right")
+    table.add_column("noise floor %", justify="right")
     for family, levels in report.items():
         l3 = levels["L3"]
         table.add_row(
             family, str(l3["n_test"]),
             *(f"{_fmt(levels[lv]['median_ape_pct'], '.1f')} / {_fmt(levels[lv]['p90_ape_pct'], '.0f')}" for lv in LEVELS),
-            _fmt(l3["within_10pct"], ".0%"), _fmt(l3["spearman"], ".3f"),
+            _fmt(l3["within_10pct"], ".0%"), _fmt(l3["spearman"], ".3f"), _fmt(l3.get("noise_floor_median_ape_pct"), ".1f"),
         )
     return table
 
@@ -87,7 +88,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     (out / "fit_report.json").write_text(json.dumps({**report, "extrapolation": extrapolation}, indent=2) + "\n")
     frame = profile.kernels()
     roofline_plot(frame, model.ceilings, out / "roofline.png", title=f"measured kernels on {profile.fingerprint.device_name}")
-    console.print(report_table(report, "held-out shapes (grouped split)"))
+    console.print(report_table(report, "held-out shapes (grouped split); noise floor = median APE of a perfect model"))
     console.print(report_table(extrapolation, "extrapolation (shapes larger than any in training)"))
     forms = ", ".join(f"{f}: {m}" for f, m in model.meta["l3_form"].items())
     console.print(f"L3 form per family (chosen by grouped CV): {forms}")

@@ -138,6 +138,11 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         for lv in levels
     }
     out["details"] = dict(details or {})
+    if {"round_cv"} <= set(df.columns):
+        from costmodel.evaluation import measurement_sigma, noise_floor_median_ape_pct
+
+        sigma = measurement_sigma(df["round_cv"].to_numpy(), np.full(len(df), df.attrs.get("rounds", 1)))
+        out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
     return out
 
 

@@ -25,11 +25,10 @@ from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, degree_stats  # noqa: E402
-from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels  # noqa: E402
 
 
 def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
@@ -80,13 +79,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))
-    workloads, layers = [], {}
+    workloads = []
     generator_name = cfg["graph"]["generator"]["_target_"].rsplit(".", 1)[-1]
     for i, ((value, edge_index), st) in enumerate(zip(graphs, stats)):
         for c in configs:
             layer = GNNLayer(c, device=rt.device, seed=rt.seed)
             plan = layer.set_graph(edge_index)
-            layers[(i, c.backend)] = layer
             workloads.append(Workload(c.backend, gnn_trace(c, plan), lambda layer=layer: layer(x), {
                 "point": i, "generator": generator_name, "param": cfg["graph"]["sweep"]["param"], "value": value,
                 "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
@@ -95,16 +93,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["kernel_point"]) % len(graphs)
-    tables = []
-    for c in configs:
-        layer = layers[(kp, c.backend)]
-        trace = gnn_trace(c, layer.plan)
-        prof = profile_kernels(lambda layer=layer: layer(x), trace, device=rt.device,
-                               iterations=int(meas["profile_iterations"]))
-        errs = per_kernel_errors(predict_trace(model, trace, quiet=True), prof)
-        errs.insert(0, "backend", c.backend)
-        tables.append(errs)
-    per_kernel = pd.concat(tables, ignore_index=True)
+    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
+                                  iterations=int(meas["profile_iterations"]))
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     winners = df[df["winner"]][["value", "degree_cv", "backend"]]
@@ -126,10 +116,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                      "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
                      "ape_L0_pct": ".1f", "ape_L3_pct": ".1f", "winner": ""},
                 title=f"GNN layer latency vs {cfg['graph']['sweep']['param']} (ms; APE %)")
-    fam = pd.concat([summarise_kernels(t).assign(backend=b) for b, t in per_kernel.groupby("backend")])
-    print_table(fam, {"backend": "", "family": "", "kernels": "", "measured_s": "ms", "L3": "ms", "ape_L3_pct": ".1f",
-                      "L0": "ms", "share_of_time": ".0%"},
-                title=f"per-kernel breakdown at {cfg['graph']['sweep']['param']}={graphs[kp][0]} (profiler, ms)")
+    print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['graph']['sweep']['param']}={graphs[kp][0]} (profiler, ms)")
     print_summary(summ)
     console.print(f"outputs in {out}")
     return summ

@@ -26,11 +26,10 @@ from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
-from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels  # noqa: E402
 
 
 def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
@@ -73,11 +72,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))
     layers = {c.backend: MoELayer(c, device=rt.device, seed=rt.seed) for c in configs}
-    routings, workloads = [], []
+    workloads = []
     for i, (value, gen) in enumerate(generators):
         routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
                         seed=rt.seed + i, capacity_factor=capacity)
-        routings.append(routing)
         plan = DispatchPlan.from_routing(routing)
         columns = {"point": i, "generator": type(gen).__name__, "param": cfg["routing"]["sweep"]["param"],
                    "value": value, **routing.metrics()}
@@ -90,15 +88,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["kernel_point"]) % len(generators)
-    kernel_tables = []
-    for c in configs:
-        trace = moe_trace(c, DispatchPlan.from_routing(routings[kp]))
-        prof = profile_kernels(lambda c=c: layers[c.backend](x, routings[kp]), trace, device=rt.device,
-                               iterations=int(meas["profile_iterations"]))
-        errs = per_kernel_errors(predict_trace(model, trace, quiet=True), prof)
-        errs.insert(0, "backend", c.backend)
-        kernel_tables.append(errs)
-    per_kernel = pd.concat(kernel_tables, ignore_index=True)
+    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
+                                  iterations=int(meas["profile_iterations"]))
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
@@ -117,10 +108,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                      "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L0_pct": ".1f",
                      "ape_L3_pct": ".1f", "achieved_gflops": ".1f"},
                 title=f"MoE layer latency vs {cfg['routing']['sweep']['param']} (ms; APE %)")
-    fam = pd.concat([summarise_kernels(t).assign(backend=b) for b, t in per_kernel.groupby("backend")])
-    print_table(fam, {"backend": "", "family": "", "kernels": "", "measured_s": "ms", "L3": "ms", "ape_L3_pct": ".1f",
-                      "L0": "ms", "share_of_time": ".0%"},
-                title=f"per-kernel breakdown at {cfg['routing']['sweep']['param']}={generators[kp][0]} (profiler, ms)")
+    print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['routing']['sweep']['param']}={generators[kp][0]} (profiler, ms)")
     print_summary(summ)
     console.print(f"outputs in {out}")
     return summ

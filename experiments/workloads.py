@@ -18,8 +18,8 @@ import torch
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, measure_interleaved
-from sim.simulator import predict_trace
+from experiments.common import add_errors, measure_interleaved, print_table
+from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 
 
 @dataclass
@@ -56,8 +56,28 @@ def evaluate_workloads(
     measured = pd.DataFrame(measure_interleaved([w.run for w in workloads], device=device, timing=timing,
                                                 description=description, progress=progress))
     df = add_errors(pd.concat([predicted, measured], axis=1))
+    df.attrs["rounds"] = timing.rounds
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
     if peak_flops_per_s:
         df["mfu"] = df["flops"] / df["measured_s"] / peak_flops_per_s
     return df
+
+
+def per_kernel_table(model: CostModel, workloads: Sequence[Workload], *, device: torch.device,
+                     iterations: int) -> pd.DataFrame:
+    """Every kernel of every workload, profiled inside the real run, next to its predictions."""
+    tables = []
+    for w in workloads:
+        measured = profile_kernels(w.run, w.trace, device=device, iterations=iterations)
+        errors = per_kernel_errors(predict_trace(model, w.trace, quiet=True), measured)
+        errors.insert(0, "workload", w.label)
+        tables.append(errors)
+    return pd.concat(tables, ignore_index=True)
+
+
+def print_kernel_breakdown(per_kernel: pd.DataFrame, title: str) -> None:
+    """Per workload and family: profiled time, L3 and L0 predictions, share of the time."""
+    fam = pd.concat([summarise_kernels(t).assign(workload=w) for w, t in per_kernel.groupby("workload", sort=False)])
+    print_table(fam, {"workload": "", "family": "", "kernels": "", "measured_s": "ms", "L3": "ms", "ape_L3_pct": ".1f",
+                      "L0": "ms", "share_of_time": ".0%"}, title=title)
