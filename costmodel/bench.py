@@ -121,7 +121,6 @@ def measure_specs(
     timing: TimingConfig,
     limits: SizeLimits,
     suite: str,
-    pool_bytes: int = 0,
     remeasure: bool = False,
     show_progress: bool = True,
 ) -> BenchResult:
@@ -164,7 +163,7 @@ def measure_specs(
                 reason = _too_large(spec, limits)
                 if reason is None:
                     try:
-                        runner = make_runner(spec, device, pool_bytes=pool_bytes)
+                        runner = make_runner(spec, device, cold=timing.cold_cache)
                         reason = _too_slow(runner, device, limits)
                         if reason is None:
                             m = measure(runner, device=device, config=per_round)

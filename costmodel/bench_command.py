@@ -83,14 +83,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     console.print(ceilings_table(ceilings))
     result = measure_specs(
         tagged, profile, device=rt.device, timing=rt.timing, limits=rt.limits, suite=str(suite["name"]),
-        pool_bytes=rt.pool_bytes, remeasure=bool(cfg.bench.remeasure), show_progress=bool(cfg.bench.progress),
+        remeasure=bool(cfg.bench.remeasure), show_progress=bool(cfg.bench.progress),
     )
     wall_s = time.perf_counter() - start
     profile.add_provenance({
         "command": " ".join(sys.argv), "suite": suite["name"], "families": selected,
         "measured": result.measured, "already_present": result.already, "skipped": len(result.skipped),
         "noisy": result.noisy, "wall_s": wall_s, "torch_scatter": torch_scatter_version() or "absent",
-        "timing": asdict(rt.timing), "pool_bytes": rt.pool_bytes,
+        "timing": asdict(rt.timing),
     })
     frame = profile.kernels()
     console.print(family_table(frame))

@@ -2,7 +2,7 @@
 
 A fingerprint names everything that changes kernel latency enough that a profile measured
 under one must not predict another: device name, torch version, BLAS backend, thread
-count, CUDA and driver versions, dtype and host allocator mode. (Optional backends such as torch-scatter are
+count, CUDA and driver versions, dtype, host allocator mode and cache mode. (Optional backends such as torch-scatter are
 recorded in a profile's provenance instead: installing one adds rows, it does not make
 the existing rows wrong.)
 """
@@ -98,6 +98,7 @@ class Fingerprint:
     driver_version: str
     dtype: str
     allocator: str = "system"
+    cache: str = "warm"  # cold: every timed call reads its operands from memory (see runners)
 
     @property
     def id(self) -> str:
@@ -113,7 +114,7 @@ class Fingerprint:
         extra = f", CUDA {self.cuda_version}, driver {self.driver_version}" if self.device_kind == "cuda" else ""
         return (
             f"{self.device_name} ({self.device_kind}, {self.threads} threads, {self.dtype}, "
-            f"torch {self.torch_version}, {self.blas}, {self.allocator} allocator{extra})"
+            f"torch {self.torch_version}, {self.blas}, {self.allocator} allocator, {self.cache} cache{extra})"
         )
 
     def differences(self, other: "Fingerprint") -> dict[str, tuple[object, object]]:
@@ -121,7 +122,7 @@ class Fingerprint:
         return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
 
 
-def fingerprint(device: torch.device, dtype: str) -> Fingerprint:
+def fingerprint(device: torch.device, dtype: str, *, cold_cache: bool = True) -> Fingerprint:
     """Fingerprint of this process's device, libraries and thread count."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -144,4 +145,5 @@ def fingerprint(device: torch.device, dtype: str) -> Fingerprint:
         driver_version=driver,
         dtype=dtype,
         allocator=allocator_mode(),
+        cache="cold" if cold_cache else "warm",
     )

@@ -1,16 +1,22 @@
 """Turn a kernel descriptor into a zero-argument callable that runs it on a device.
 
-Inputs are allocated once, seeded, outside the timed region. With ``pool_bytes`` > 0 the
-callable cycles through enough independent copies of its inputs that their total exceeds
-``pool_bytes``: each call then finds its operands out of the near caches, as a kernel
-inside a real layer does (the CPU analogue of flushing L2 between repeats on a GPU).
+Inputs are allocated once, seeded, outside the timed region.
+
+Cold caches (``cold=True``, CPU): inside a layer a kernel finds its weights out of cache
+(the layer streams far more data than the caches hold between two uses of one weight),
+but a microbenchmark that repeats one call keeps its operands cache-resident and reads
+fast. So every floating-point operand is rotated, call after call, through different
+slices of one shared random arena larger than the last-level cache (``ARENA_BYTES``): each
+call reads its operands from memory, as on a GPU after ``do_bench``'s L2 flush. Index
+tensors are not rotated (their values matter); the arena is allocated once per process
+and dtype, so rotation costs no per-kernel set-up.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 import warnings
+from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
@@ -32,8 +38,6 @@ from costmodel.kernels import (
     TopkSpec,
     ELEMENTWISE_OPS,
 )
-
-MAX_POOL_COPIES = 32
 
 Inputs = tuple[Any, ...]
 
@@ -125,27 +129,49 @@ def _build(spec: KernelSpec, device: torch.device, seed: int) -> tuple[Callable[
     raise ValueError(f"no runner for kernel family {spec.family!r}")
 
 
-def _input_bytes(inputs: Inputs) -> int:
-    total = 0
-    for t in inputs:
-        if isinstance(t, torch.Tensor):
-            if t.layout == torch.sparse_csr:
-                total += sum(x.numel() * x.element_size() for x in (t.values(), t.col_indices(), t.crow_indices()))
-            else:
-                total += t.numel() * t.element_size()
-    return total
+ARENA_BYTES = 256 * 1024**2  # > the effective LLC of the development VM (64 MiB already reads from DRAM)
+MAX_ROTATIONS = 64
+
+
+@lru_cache(maxsize=8)
+def _arena(dtype: torch.dtype, device: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1234)
+    numel = ARENA_BYTES // torch.empty(0, dtype=dtype).element_size()
+    return torch.randn(numel, generator=gen).to(device=device, dtype=dtype)
+
+
+def _rotations(inputs: Inputs, device: torch.device) -> list[Inputs]:
+    """Input tuples whose dense floating-point tensors are views at rotating arena offsets."""
+    dense = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.layout == torch.strided
+             and t.is_floating_point() and t.is_contiguous() and t.numel() > 1]
+    if not dense:
+        return [inputs]
+    copies = MAX_ROTATIONS
+    for i in dense:
+        arena = _arena(inputs[i].dtype, str(device))
+        span = -(-inputs[i].numel() // 64) * 64  # cache-line aligned slots
+        copies = min(copies, arena.numel() // span)
+    if copies < 2:
+        return [inputs]  # operands larger than half the arena are cold anyway
+    out = []
+    for c in range(copies):
+        items = list(inputs)
+        for i in dense:
+            t = inputs[i]
+            span = -(-t.numel() // 64) * 64
+            items[i] = _arena(t.dtype, str(device))[c * span: c * span + t.numel()].view(t.shape)
+        out.append(tuple(items))
+    return out
 
 
 def make_runner(spec: KernelSpec, device: torch.device | str = "cpu", *, seed: int = 0,
-                pool_bytes: int = 0) -> Callable[[], Any]:
-    """A callable running ``spec`` once per call, on inputs made outside the timed region."""
+                cold: bool = False) -> Callable[[], Any]:
+    """A callable running ``spec`` once per call, on inputs made outside the timed region;
+    with ``cold`` (CPU) every call reads its operands from memory, not from cache."""
     device = torch.device(device)
     op, inputs = _build(spec, device, seed)
-    copies = 1
-    if pool_bytes > 0:
-        copies = min(MAX_POOL_COPIES, max(1, math.ceil(pool_bytes / max(_input_bytes(inputs), 1))))
-    if copies == 1:
-        return lambda: op(*inputs)
-    pool = [inputs] + [_build(spec, device, seed + i)[1] for i in range(1, copies)]
+    pool = _rotations(inputs, device) if cold and device.type == "cpu" else [inputs]
+    if len(pool) == 1:
+        return lambda: op(*pool[0])
     cycle = itertools.cycle(pool)
     return lambda: op(*next(cycle))

@@ -36,7 +36,6 @@ class Runtime:
     timing: TimingConfig
     limits: SizeLimits
     profile_root: Path
-    pool_bytes: int
     seed: int
 
     @classmethod
@@ -52,18 +51,15 @@ class Runtime:
             torch.set_num_threads(threads)
         timing_cfg = {**dict(cfg["timing"]), **dict(timing_overrides or {})}
         limits = cfg["limits"][device.type]
-        pool_bytes = int(cfg.get("pool_bytes", 0))
-        if pool_bytes < 0:
-            raise ValueError(f"pool_bytes must be >= 0, got {pool_bytes}")
+        timing = TimingConfig(**timing_cfg)
         return cls(
             device=device,
             dtype=dtype,
-            fingerprint=fingerprint(device, dtype),
-            timing=TimingConfig(**timing_cfg),
+            fingerprint=fingerprint(device, dtype, cold_cache=timing.cold_cache),
+            timing=timing,
             limits=SizeLimits(max_flops=float(limits["max_flops"]), max_bytes=float(limits["max_bytes"]),
                               max_call_s=float(limits.get("max_call_s", float("inf")))),
             profile_root=_abs(str(cfg["profile"]["root"])),
-            pool_bytes=pool_bytes,
             seed=int(cfg.get("seed", 0)),
         )
 

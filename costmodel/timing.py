@@ -42,7 +42,7 @@ class TimingConfig:
     rounds: int = 3  # separate passes over a suite or sweep; a kernel's value is the median of its rounds
     cuda_warmup_ms: float = 25.0  # do_bench's default warm-up budget
     cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
-    cuda_flush_l2: bool = True  # zero a buffer > L2 before each repeat (cold cache)
+    cold_cache: bool = True  # CUDA: zero a buffer > L2 before each repeat; CPU: rotating operands (runners)
     cuda_flush_bytes: int = 256 * 1024 * 1024  # larger than any current L2 (H200: 60 MiB)
 
     def __post_init__(self) -> None:
@@ -134,7 +134,7 @@ def _time_cpu(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[float], in
 
 
 def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -> tuple[list[float], int]:
-    flush = torch.empty(cfg.cuda_flush_bytes // 4, dtype=torch.int32, device=device) if cfg.cuda_flush_l2 else None
+    flush = torch.empty(cfg.cuda_flush_bytes // 4, dtype=torch.int32, device=device) if cfg.cold_cache else None
     fn()
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -43,13 +43,13 @@ class LayerPrediction:
 
 
 def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: str | Path = "profiles",
-                    threads: int | None = None, allocator: str = "steady") -> CostModel:
+                    threads: int | None = None, allocator: str = "steady", cold_cache: bool = True) -> CostModel:
     """The fitted cost model of this process's device (refuses another device's)."""
     configure_allocator(allocator)
     dev = resolve_device(device)
     if threads is not None:
         torch.set_num_threads(threads)
-    fp = fingerprint(dev, dtype)
+    fp = fingerprint(dev, dtype, cold_cache=cold_cache)
     profile = DeviceProfile.open(profile_root, fp, create=False)
     return CostModel.load(profile, expected=fp)
 

@@ -57,7 +57,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
         # a layer's own kernels are measured whatever their size: only memory limits apply
         limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
         result = measure_specs(suite, profile, device=rt.device, timing=rt.timing, limits=limits,
-                               suite=suite_name, pool_bytes=rt.pool_bytes, show_progress=progress)
+                               suite=suite_name, show_progress=progress)
         profile.add_provenance({"command": f"calibration for {suite_name}", "measured": result.measured,
                                 "skipped": len(result.skipped), "wall_s": result.wall_s})
     try:
