@@ -11,7 +11,7 @@ and on interruption (nothing measured is lost), and shows progress.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
@@ -132,7 +132,7 @@ def measure_specs(
     """
     start = time.perf_counter()
     result = BenchResult()
-    per_round = replace(timing, min_run_time_s=timing.min_run_time_s / timing.rounds)
+    per_round = timing.per_round()
     done = set() if remeasure else profile.measured_rounds()
     skipped_keys: set[str] = set()
     noisy_keys: set[str] = set()

@@ -198,11 +198,11 @@ def expand_suite(
     for family in chosen:
         cfg = suite[family]
         if family == "gemm":
-            out += [("grid", s) for s in gemm_specs(cfg, dtype)]
             trio = cfg.get("equal_flops_trio")
-            if trio:
+            if trio:  # first, so a trio shape that is also on the grid keeps its trio tag
                 flops = trio_flops(memory_bytes, dtype, int(trio["max_operand_bytes"]))
                 out += [(f"trio:{name}", s) for name, s in equal_flops_trio(flops, dtype)]
+            out += [("grid", s) for s in gemm_specs(cfg, dtype)]
         elif family == "grouped_gemm":
             out += [("grid", s) for s in grouped_gemm_specs(cfg, dtype)]
         elif family == "gather":

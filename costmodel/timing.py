@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -40,6 +40,12 @@ class TimingConfig:
     max_rel_iqr: float = 0.05  # IQR/median above this counts as noisy and is retried
     retries: int = 2  # extra attempts for a noisy measurement
     rounds: int = 3  # separate passes over a suite or sweep; a kernel's value is the median of its rounds
+
+    def per_round(self) -> "TimingConfig":
+        """The budget of one of ``rounds`` passes: the time and the blocks split between
+        them (at least 3 blocks a round, so each round has a median and an IQR)."""
+        return replace(self, min_run_time_s=self.min_run_time_s / self.rounds,
+                       min_runs=max(3, -(-self.min_runs // self.rounds)))
     cuda_warmup_ms: float = 25.0  # do_bench's default warm-up budget
     cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
     cold_cache: bool = True  # CUDA: zero a buffer > L2 before each repeat; CPU: rotating operands (runners)

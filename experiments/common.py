@@ -88,7 +88,7 @@ def measure_interleaved(
     medians (run-to-run noise) and whether any round was flagged noisy.
     """
     rounds = timing.rounds
-    per_round = replace(timing, min_run_time_s=timing.min_run_time_s / rounds, retries=0)
+    per_round = replace(timing.per_round(), retries=0)
     per_job: list[list[Any]] = [[] for _ in jobs]
     bar = make_progress(progress)
     with bar:
