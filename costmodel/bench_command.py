@@ -16,7 +16,6 @@ from costmodel.bench import measure_specs
 from costmodel.ceilings import device_memory_bytes, ensure_ceilings
 from costmodel.device import torch_scatter_version
 from costmodel.ops import scatter_backends_available
-from costmodel.profile import DeviceProfile
 from costmodel.runtime import Runtime
 from costmodel.suite import expand_suite
 

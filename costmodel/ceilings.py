@@ -55,7 +55,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
         b = torch.randn(n, n, device=device).to(torch_dtype)
         m = measure(lambda: torch.matmul(a, b), device=device, config=timing)
         gemm_rows.append({"n": n, "flops_per_s": 2.0 * n**3 / m.median_s, **_row(m)})
-        del a, b
+
     peak = max(r["flops_per_s"] for r in gemm_rows)
 
     numel = sizes["copy_numel"]
@@ -64,7 +64,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
     m_copy = measure(lambda: dst.copy_(src), device=device, config=timing)
     copy_bytes = 2.0 * numel * DTYPE_BYTES[dtype]  # read + write
     bandwidth = copy_bytes / m_copy.median_s
-    del src, dst
+
 
     x = torch.ones(1, device=device, dtype=torch_dtype)
     m_tiny = measure(lambda: x + x, device=device, config=timing)

@@ -194,6 +194,14 @@ def print_summary(summ: Mapping[str, Any]) -> None:
         table.add_row(lv, *(fmt(summ[k][lv], ".1f") for k in ("median_ape_pct", "p90_ape_pct", "max_ape_pct")),
                       fmt(summ["spearman"][lv], ".3f"))
     console.print(table)
+    floor = summ["details"].get("noise_floor_median_ape_pct")
+    if floor is not None:
+        console.print(f"noise floor: a perfect model would score a median APE of ~{floor:.1f}% against these measurements")
+    drift = summ["details"].get("profile_drift") or {}
+    if drift:
+        console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "
+                      f"(median of {drift['kernels']}, IQR {drift['now_over_profile_iqr']:.2f}); the machine changed "
+                      "by that much since calibration")
 
 
 def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue: str | None = None,

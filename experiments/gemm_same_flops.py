@@ -17,7 +17,6 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.ceilings import device_memory_bytes  # noqa: E402
@@ -26,7 +25,7 @@ from costmodel.runtime import Runtime  # noqa: E402
 from costmodel.suite import equal_flops_trio, trio_flops  # noqa: E402
 from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
-from sim.calibration import calibrated_model, gemm_suite  # noqa: E402
+from sim.calibration import calibrated_model, profile_drift, gemm_suite  # noqa: E402
 
 
 def trio_workloads(cfg: dict, rt: Runtime) -> list[tuple[str, float, Any]]:
@@ -42,7 +41,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     rt = Runtime.from_cfg(cfg)
     shapes = trio_workloads(cfg, rt)
     out = output_dir(cfg, out_dir)
-    model = calibrated_model(rt, gemm_suite([s for _, _, s in shapes]), suite_name="gemm_same_flops",
+    suite = gemm_suite([s for _, _, s in shapes])
+    model = calibrated_model(rt, suite, suite_name="gemm_same_flops",
                              progress=bool(cfg.get("progress", True)))
     ceilings = model.ceilings
     workloads = [
@@ -52,11 +52,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     ]
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure gemms",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=ceilings["peak_flops_per_s"])
+    drift = profile_drift(rt, suite)
     df["ai_over_ridge"] = df["intensity_flops_per_byte"] / ceilings["ridge_flops_per_byte"]
     df["roofline_bound_gflops"] = np.minimum(ceilings["peak_flops_per_s"],
                                              ceilings["bandwidth_bytes_per_s"] * df["intensity_flops_per_byte"]) / 1e9
     spread = df.groupby("flops_level")["measured_s"].agg(lambda s: float(s.max() / s.min()))
     summ = summary("gemm_same_flops", rt.fingerprint.describe(), df, details={
+        "profile_drift": drift,
         "peak_gflops": ceilings["peak_flops_per_s"] / 1e9, "ridge_flops_per_byte": ceilings["ridge_flops_per_byte"],
         "latency_spread_at_equal_flops": {str(k): v for k, v in spread.items()},
         "mfu_by_shape": df.groupby("shape")["mfu"].median().to_dict(),

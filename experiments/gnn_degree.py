@@ -26,7 +26,7 @@ from experiments.common import (  # noqa: E402
     console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
-from sim.calibration import calibrated_model, gnn_suite  # noqa: E402
+from sim.calibration import calibrated_model, profile_drift, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, degree_stats  # noqa: E402
 
@@ -90,6 +90,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                 "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure gnn layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    drift = profile_drift(rt, suite)
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["kernel_point"]) % len(graphs)
@@ -99,6 +100,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     winners = df[df["winner"]][["value", "degree_cv", "backend"]]
     summ = summary("gnn_degree", rt.fingerprint.describe(), df, details={
+        "profile_drift": drift,
         "layer": {k: cfg["gnn"][k] for k in ("num_nodes", "num_edges", "in_features", "out_features", "kind",
                                               "aggregation", "edge_order")},
         "graph": cfg["graph"]["generator"]["_target_"], "sweep_param": cfg["graph"]["sweep"]["param"],

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
-from sim.calibration import calibrated_model, gemm_suite, small_op_suite  # noqa: E402
+from sim.calibration import calibrated_model, profile_drift, gemm_suite, small_op_suite  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
 
 
@@ -50,10 +50,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         workloads.append(Workload(f"B={c.batch}", trace, lambda x=x: module(x), {"batch": c.batch}))
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure mlp",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    drift = profile_drift(rt, suite)
     first = df.iloc[0]
     df["flops_vs_first"] = df["flops"] / first["flops"]
     df["latency_vs_first"] = df["measured_s"] / first["measured_s"]
     summ = summary("mlp_batch", rt.fingerprint.describe(), df, details={
+        "profile_drift": drift,
         "d_model": cfg["mlp"]["d_model"], "d_hidden": cfg["mlp"]["d_hidden"],
         "flops_growth": float(df["flops_vs_first"].iloc[-1]), "latency_growth": float(df["latency_vs_first"].iloc[-1]),
         "achieved_gflops_first_last": [float(df["achieved_gflops"].iloc[0]), float(df["achieved_gflops"].iloc[-1])],

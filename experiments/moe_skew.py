@@ -16,7 +16,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -27,7 +26,7 @@ from experiments.common import (  # noqa: E402
     console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
-from sim.calibration import calibrated_model, moe_suite  # noqa: E402
+from sim.calibration import calibrated_model, profile_drift, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
 
@@ -67,7 +66,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     meas = cfg["measure"]
     out = output_dir(cfg, out_dir)
 
-    model = calibrated_model(rt, moe_suite(configs), suite_name="moe", progress=bool(cfg.get("progress", True)))
+    suite = moe_suite(configs)
+    model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)))
     base = configs[0]
     x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))
@@ -85,6 +85,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                                       {**columns, "backend": c.backend, "model_flops": c.useful_flops(plan.assignments)}))
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure moe layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    drift = profile_drift(rt, suite)
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["kernel_point"]) % len(generators)
@@ -93,6 +94,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
+        "profile_drift": drift,
         "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
         "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
         "capacity_factor": capacity, "backends": [c.backend for c in configs], "unavailable_backends": unavailable,

@@ -190,7 +190,7 @@ class MoELayer(nn.Module):
         self.cfg = cfg
         gen = torch.Generator().manual_seed(seed)
         dtype = getattr(torch, cfg.dtype)
-        D, F_, E = cfg.d_model, cfg.d_ff, cfg.num_experts
+        D, E = cfg.d_model, cfg.num_experts
 
         def init(*shape: int, fan_in: int) -> nn.Parameter:
             w = torch.randn(*shape, generator=gen) / fan_in**0.5
