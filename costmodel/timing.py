@@ -1,9 +1,10 @@
 """Timing harness: a callable in, a ``Measurement`` out (never a bare float).
 
-CPU: ``torch.utils.benchmark.Timer`` as ``blocked_autorange`` uses it, with a cheaper
-block-size rule: one warm-up call, one timed call as the estimate, then blocks of
-``number`` calls (at least 1 ms each, so timer overhead stays below 0.1%) repeated until
-a time budget *and* a minimum count of blocks are reached; thread count taken from torch.
+CPU: ``torch.utils.benchmark.Timer``'s block timer, as ``blocked_autorange`` loops over
+it, with a cheaper block-size rule: one warm-up call, one timed call as the estimate, then
+blocks of ``number`` calls (at least 1 ms each, so timer overhead stays below 0.1%)
+repeated until a time budget *and* a minimum count of blocks are reached; thread count
+taken from torch.
 
 CUDA: the recipe of Triton's ``triton.testing.do_bench``: estimate from a few runs,
 warm up, then time every repeat with its own pair of CUDA events, optionally zeroing a
@@ -127,15 +128,20 @@ class Measurement:
 
 def _time_cpu(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[float], int]:
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
-    timer.timeit(1)  # warm-up: first-call costs (allocation, lazy init) stay out of the data
-    estimate = max(timer.timeit(1).times[0], 1e-7)
-    # blocks long enough that timer overhead (~1 us) is < 0.1%, short enough for many blocks
-    block_s = max(CPU_MIN_BLOCK_S, cfg.min_run_time_s / (4 * cfg.min_runs))
-    number = max(1, int(block_s / estimate))
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < cfg.min_runs or time.perf_counter() - start < cfg.min_run_time_s:
-        times.extend(timer.timeit(number).times)  # per-call mean of one block
+    # Timer._timeit(number) is the raw block timer blocked_autorange itself loops over; the
+    # public Timer.timeit adds a warm-up of its own before every block, tripling the cost
+    # of slow kernels, so it is only the fallback.
+    block = getattr(timer, "_timeit", None) or (lambda number: timer.timeit(number).raw_times[0])
+    with benchmark.utils.common.set_torch_threads(torch.get_num_threads()):
+        block(1)  # warm-up: first-call costs (allocation, lazy init) stay out of the data
+        estimate = max(block(1), 1e-7)
+        # blocks long enough that timer overhead (~1 us) is < 0.1%, short enough for many blocks
+        block_s = max(CPU_MIN_BLOCK_S, cfg.min_run_time_s / (4 * cfg.min_runs))
+        number = max(1, int(block_s / estimate))
+        times: list[float] = []
+        start = time.perf_counter()
+        while len(times) < cfg.min_runs or time.perf_counter() - start < cfg.min_run_time_s:
+            times.append(block(number) / number)  # per-call mean of one block
     return times, number
 
 
