@@ -118,7 +118,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     rt = Runtime.from_cfg(cfg)
     out = output_dir(cfg, out_dir)
     workloads, suite = build_workloads(cfg, rt)
-    model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)))
+    model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)),
+                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure workloads",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
     drift = profile_drift(rt, suite)

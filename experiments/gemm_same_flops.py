@@ -43,7 +43,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     out = output_dir(cfg, out_dir)
     suite = gemm_suite([s for _, _, s in shapes])
     model = calibrated_model(rt, suite, suite_name="gemm_same_flops",
-                             progress=bool(cfg.get("progress", True)))
+                             progress=bool(cfg.get("progress", True)),
+                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
     ceilings = model.ceilings
     workloads = [
         Workload(f"{name} {s.m}x{s.k}x{s.n}", [s], make_runner(s, rt.device, seed=rt.seed),

@@ -75,7 +75,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     stats = [degree_stats(ei, base.num_nodes) for _, ei in graphs]
     cvs = [s["degree_cv"] for s in stats] + [s["out_degree_cv"] for s in stats]
     suite = gnn_suite(configs, num_edges=int(graphs[0][1].shape[1]), cv_range=(min(cvs), max(cvs)))
-    model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)))
+    model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
+                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
 
     x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))

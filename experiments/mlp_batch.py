@@ -41,7 +41,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     traces = [mlp_trace(c) for c in configs]
     gemms = [s for t in traces for s in t if s.family == "gemm"]
     suite = gemm_suite(gemms) + small_op_suite([s for t in traces for s in t])
-    model = calibrated_model(rt, suite, suite_name="mlp_batch", progress=bool(cfg.get("progress", True)))
+    model = calibrated_model(rt, suite, suite_name="mlp_batch", progress=bool(cfg.get("progress", True)),
+                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
     module = MLP(configs[-1], device=rt.device, seed=rt.seed)  # weights shared by every batch size
     gen = torch.Generator().manual_seed(rt.seed)
     workloads = []

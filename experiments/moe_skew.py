@@ -67,7 +67,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     out = output_dir(cfg, out_dir)
 
     suite = moe_suite(configs)
-    model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)))
+    model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)),
+                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
     base = configs[0]
     x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))

@@ -11,6 +11,7 @@ roofline.png.
 from __future__ import annotations
 
 import glob
+import json
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,10 @@ def latest_results(patterns: list[str]) -> pd.DataFrame:
     newest: dict[str, Path] = {}
     for pattern in patterns:
         for f in map(Path, glob.glob(pattern)):
-            name = f.parent.name.split("_", 1)[1] if f.parent.parent.parent.name == "multirun" else f.parent.parent.name
+            summary_file = f.with_name("summary.json")
+            if not summary_file.exists():
+                continue
+            name = json.loads(summary_file.read_text()).get("experiment", "?")
             if name != "roofline" and (name not in newest or f.stat().st_mtime > newest[name].stat().st_mtime):
                 newest[name] = f
     frames = []

@@ -50,18 +50,24 @@ TaggedSpecs = list[tuple[str, KernelSpec]]
 
 
 def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progress: bool = True,
-                     cv_folds: int = 4) -> CostModel:
-    """Measure what ``suite`` adds to this device's profile, then load or refit the models."""
+                     cv_folds: int = 4, refresh: bool = False) -> CostModel:
+    """Measure what ``suite`` adds to this device's profile, then load or refit the models.
+
+    ``refresh`` re-measures the whole suite now (replacing its rows): on a machine whose
+    speed drifts (see ``profile_drift``) this puts calibration and measurement close in time.
+    """
     profile = rt.open_profile()
     ensure_ceilings(profile, rt.device, rt.dtype, rt.timing)
-    done = profile.measured_rounds()
+    done = set() if refresh else profile.measured_rounds()
     missing = sum(1 for _, s in suite if any((s.key(), r) not in done for r in range(rt.timing.rounds)))
     if missing:
-        console.print(f"calibrating: {missing} kernels of suite {suite_name!r} are not in {profile.path.name} yet")
+        verb = "re-measuring" if refresh else "calibrating:"
+        console.print(f"{verb} {missing} kernels of suite {suite_name!r} {'in' if refresh else 'are not in'} "
+                      f"{profile.path.name}{'' if refresh else ' yet'}")
         # a layer's own kernels are measured whatever their size: only memory limits apply
         limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
         result = measure_specs(suite, profile, device=rt.device, timing=rt.timing, limits=limits,
-                               suite=suite_name, show_progress=progress)
+                               suite=suite_name, show_progress=progress, remeasure=refresh)
         profile.add_provenance({"command": f"calibration for {suite_name}", "measured": result.measured,
                                 "skipped": len(result.skipped), "wall_s": result.wall_s})
     try:
