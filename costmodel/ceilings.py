@@ -33,11 +33,10 @@ def ceiling_sizes(device: torch.device, dtype: str) -> dict[str, Any]:
     """Shapes big enough to reach the roofs, small enough for this device's memory."""
     mem = device_memory_bytes(device)
     if device.type == "cuda":
-        gemm_sizes, copy_bytes = [4096, 8192, 16384 if dtype != "float32" else 8192], 4 * 1024**3
+        gemm_sizes, copy_bytes = [4096, 8192, 16384 if dtype != "float32" else 8192], [1024**3, 4 * 1024**3]
     else:
-        gemm_sizes, copy_bytes = [1024, 2048], 512 * 1024**2
-    copy_bytes = min(copy_bytes, mem // 16)
-    return {"gemm_sizes": gemm_sizes, "copy_numel": copy_bytes // DTYPE_BYTES[dtype]}
+        gemm_sizes, copy_bytes = [1024, 2048], [128 * 1024**2, 512 * 1024**2]
+    return {"gemm_sizes": gemm_sizes, "copy_numels": [min(b, mem // 16) // DTYPE_BYTES[dtype] for b in copy_bytes]}
 
 
 def _row(m: Measurement) -> dict[str, Any]:
@@ -45,26 +44,30 @@ def _row(m: Measurement) -> dict[str, Any]:
 
 
 def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> dict[str, Any]:
-    """Measure peak FLOP/s, bandwidth and per-call overhead on ``device`` in ``dtype``."""
+    """Measure peak FLOP/s, bandwidth and per-call overhead on ``device`` in ``dtype``.
+
+    A roof is the best the device achieves, so each is the best median over a few sizes
+    measured in ``timing.rounds`` separate passes (a shared machine's slow spells would
+    otherwise lower the roof).
+    """
     torch_dtype = getattr(torch, dtype)
     sizes = ceiling_sizes(device, dtype)
-
-    gemm_rows = []
-    for n in sizes["gemm_sizes"]:
-        a = torch.randn(n, n, device=device).to(torch_dtype)
-        b = torch.randn(n, n, device=device).to(torch_dtype)
-        m = measure(lambda: torch.matmul(a, b), device=device, config=timing)
-        gemm_rows.append({"n": n, "flops_per_s": 2.0 * n**3 / m.median_s, **_row(m)})
-
+    per_round = timing.per_round()
+    gemm_rows, copy_rows = [], []
+    for round_ in range(timing.rounds):
+        for n in sizes["gemm_sizes"]:
+            a = torch.randn(n, n, device=device).to(torch_dtype)
+            b = torch.randn(n, n, device=device).to(torch_dtype)
+            m = measure(lambda: torch.matmul(a, b), device=device, config=per_round)
+            gemm_rows.append({"round": round_, "n": n, "flops_per_s": 2.0 * n**3 / m.median_s, **_row(m)})
+        for numel in sizes["copy_numels"]:
+            src = torch.randn(numel, device=device).to(torch_dtype)
+            dst = torch.empty_like(src)
+            m = measure(lambda: dst.copy_(src), device=device, config=per_round)
+            copy_bytes = 2.0 * numel * DTYPE_BYTES[dtype]  # read + write
+            copy_rows.append({"round": round_, "bytes_moved": copy_bytes, "bytes_per_s": copy_bytes / m.median_s, **_row(m)})
     peak = max(r["flops_per_s"] for r in gemm_rows)
-
-    numel = sizes["copy_numel"]
-    src = torch.randn(numel, device=device).to(torch_dtype)
-    dst = torch.empty_like(src)
-    m_copy = measure(lambda: dst.copy_(src), device=device, config=timing)
-    copy_bytes = 2.0 * numel * DTYPE_BYTES[dtype]  # read + write
-    bandwidth = copy_bytes / m_copy.median_s
-
+    bandwidth = max(r["bytes_per_s"] for r in copy_rows)
 
     x = torch.ones(1, device=device, dtype=torch_dtype)
     m_tiny = measure(lambda: x + x, device=device, config=timing)
@@ -83,7 +86,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
         "ridge_flops_per_byte": peak / bandwidth,
         "evidence": {
             "gemm": gemm_rows,
-            "copy": {"bytes_moved": copy_bytes, **_row(m_copy)},
+            "copy": copy_rows,
             "tiny_add": _row(m_tiny),
         },
     }
