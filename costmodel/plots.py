@@ -26,8 +26,8 @@ def roofline_plot(
 
     ``kernels`` needs columns flops, bytes_moved, median_s and ``color_by``; kernels
     with no FLOPs (gather, sort, histogram, copies) have no place on this plot and are
-    counted in the legend. ``extra`` (same columns plus ``label``) is drawn as large
-    labelled markers, e.g. whole layers.
+    counted in the legend. ``extra`` (same columns plus ``label`` and optionally
+    ``experiment``) is drawn as large markers, e.g. whole layers, one marker per experiment.
     """
     peak = float(ceilings["peak_flops_per_s"])
     bw = float(ceilings["bandwidth_bytes_per_s"])
@@ -44,11 +44,14 @@ def roofline_plot(
     for name, g in shown.groupby(color_by):
         ax.scatter(g["flops"] / g["bytes_moved"], g["flops"] / g["median_s"], s=14, alpha=0.7, label=f"{name} ({len(g)})")
     if extra is not None and len(extra):
-        ax.scatter(extra["flops"] / extra["bytes_moved"], extra["flops"] / extra["median_s"], s=90, marker="*",
-                   color="black", zorder=5, label="layers")
-        for _, r in extra.iterrows():
-            ax.annotate(str(r["label"]), (r["flops"] / r["bytes_moved"], r["flops"] / r["median_s"]), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
+        groups = extra.groupby("experiment") if "experiment" in extra else [("layers", extra)]
+        for (name, g), marker in zip(groups, "*PXDv^<>"):
+            ax.scatter(g["flops"] / g["bytes_moved"], g["flops"] / g["median_s"], s=80, marker=marker,
+                       edgecolor="black", facecolor="white", linewidth=1.2, zorder=5, label=f"layers: {name} ({len(g)})")
+        if len(extra) <= 12:  # a few layers can carry their names; more would be unreadable
+            for _, r in extra.iterrows():
+                ax.annotate(str(r["label"]), (r["flops"] / r["bytes_moved"], r["flops"] / r["median_s"]), fontsize=7,
+                            xytext=(4, 4), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity [FLOP / ideal byte]")
