@@ -35,13 +35,11 @@ TILE = {"cpu": 64, "cuda": 128}  # output tile edge used for the tile/wave featu
 
 def kernel_table(specs: Iterable[KernelSpec]) -> pd.DataFrame:
     """Descriptors -> kernel table (fields + flops + bytes_moved), in input order."""
-    rows = []
-    for s in specs:
-        rec = s.to_record()
-        rec["flops"] = s.flops()
-        rec["bytes_moved"] = s.bytes_moved()
-        rows.append(rec)
-    return pd.DataFrame.from_records(rows)
+    specs = list(specs)
+    table = pd.DataFrame.from_records([s.to_record() for s in specs])
+    table["flops"] = np.fromiter((s.flops() for s in specs), dtype=np.float64, count=len(specs))
+    table["bytes_moved"] = np.fromiter((s.bytes_moved() for s in specs), dtype=np.float64, count=len(specs))
+    return table
 
 
 def _log(x: Any) -> np.ndarray:
@@ -64,8 +62,16 @@ def _onehot(values: pd.Series, choices: Iterable[str], prefix: str) -> dict[str,
     return {f"{prefix}_{c}": (v == c).astype(np.float64) for c in choices}
 
 
-def _counts_matrix(column: pd.Series) -> list[np.ndarray]:
-    return [np.array([int(x) for x in str(s).split(",")], dtype=np.float64) for s in column]
+def _counts_matrix(column: pd.Series) -> np.ndarray:
+    """Comma-separated per-expert counts -> [rows, max experts] floats, NaN-padded."""
+    rows = [str(s).split(",") for s in column]
+    widths = {len(r) for r in rows}
+    if len(widths) == 1:
+        return np.array(rows, dtype=np.float64)
+    out = np.full((len(rows), max(widths)), np.nan)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = np.array(r, dtype=np.float64)
+    return out
 
 
 def family_features(t: pd.DataFrame, family: str, ceilings: Mapping[str, Any]) -> pd.DataFrame:
@@ -90,17 +96,18 @@ def family_features(t: pd.DataFrame, family: str, ceilings: Mapping[str, Any]) -
             "gemv": ((m == 1) | (n == 1)).astype(np.float64),  # BLAS dispatches matrix-vector kernels
         }
     elif family == "grouped_gemm":
-        counts = _counts_matrix(t["tokens_per_expert"])
+        counts = _counts_matrix(t["tokens_per_expert"])  # NaN past each row's expert count
+        valid = ~np.isnan(counts)
         padded = t["impl"].astype(str).to_numpy() == "padded_bmm"
+        experts = valid.sum(axis=1)
+        mx = np.nanmax(counts, axis=1)
+        useful = np.nansum(counts, axis=1)
         # ragged statistics of the rows the kernel *executes*: a padded bmm runs max_n rows
         # for every expert, so its groups are uniform whatever the routing was
-        executed = [np.full(c.size, c.max()) if p else c for c, p in zip(counts, padded)]
-        experts = np.array([len(c) for c in counts])
-        total = np.array([c.sum() for c in executed])
-        mx = np.array([c.max() for c in counts])
-        nonempty = np.array([(c > 0).sum() for c in executed])
-        cv = np.array([c.std() / c.mean() for c in executed])
-        useful = np.array([c.sum() for c in counts])
+        executed = np.where(padded[:, None] & valid, mx[:, None], counts)
+        total = np.nansum(executed, axis=1)
+        nonempty = (executed > 0).sum(axis=1)  # NaN > 0 is False
+        cv = np.nanstd(executed, axis=1) / np.nanmean(executed, axis=1)
         k, n = _col(t, "k"), _col(t, "n")
         f |= {
             "log_experts": _log(experts), "log_nonempty": _log(nonempty), "log_total_tokens": _log(total),

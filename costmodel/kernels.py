@@ -99,12 +99,21 @@ class KernelSpec:
         return self.flops() / self.bytes_moved()
 
     # -- tables -----------------------------------------------------------------
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """The descriptor's field names, in declaration order (cached per class)."""
+        names = cls.__dict__.get("_field_names")
+        if names is None:
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            setattr(cls, "_field_names", names)
+        return names
+
     def to_record(self) -> dict[str, Any]:
         """Flat dict for tidy tables: ``family`` plus every field (tuples as strings)."""
         rec: dict[str, Any] = {"family": self.family}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            rec[f.name] = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        for name in self.field_names():
+            value = getattr(self, name)
+            rec[name] = ",".join(map(str, value)) if isinstance(value, tuple) else value
         return rec
 
     def key(self) -> str:

@@ -45,6 +45,9 @@ MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median effici
 #: L3's log10 efficiency is clipped to the training range widened by this much (x1.26):
 #: no model form may promise an efficiency far outside anything measured on the device
 CLIP_MARGIN_DECADES = 0.1
+#: batches at least this large predict a forest's trees on all cores (below it the thread
+#: pool costs more than it saves)
+PARALLEL_PREDICT_ROWS = 4096
 
 
 def _check_table(X: pd.DataFrame) -> None:
@@ -272,6 +275,8 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
             feats = family_features(X.iloc[idx], family, self.ceilings_)
             self._warn_out_of_range(family, feats)
             lo, hi = self.target_range_[family]
+            if hasattr(model, "n_jobs"):  # forests: trees in parallel threads on large batches only
+                model.n_jobs = -1 if len(idx) >= PARALLEL_PREDICT_ROWS else None
             log_eff[idx] = np.clip(model.predict(feats.to_numpy()), lo, hi)
         return roof * 10**log_eff
 

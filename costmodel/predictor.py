@@ -124,8 +124,14 @@ class CostModel:
         return pd.DataFrame({name: self.levels[name].predict(table) for name in levels}, index=table.index)
 
     def predict(self, specs: Iterable[KernelSpec], levels: Sequence[str] = LEVELS) -> pd.DataFrame:
-        """Predicted seconds per descriptor (vectorised), one column per level."""
-        table = kernel_table(specs)
-        if table.empty:
+        """Predicted seconds per descriptor (vectorised), one column per level.
+
+        Descriptors are hashable, so each distinct one is featurised and predicted once
+        and the result broadcast back (a layer trace repeats kernels: one GEMM shape per
+        expert, the same small ops in every layer)."""
+        unique: dict[KernelSpec, int] = {}
+        inverse = np.fromiter((unique.setdefault(s, len(unique)) for s in specs), dtype=np.int64)
+        if not unique:
             return pd.DataFrame(columns=list(levels), dtype=float)
-        return self.predict_table(table, levels)
+        distinct = self.predict_table(kernel_table(unique), levels)
+        return pd.DataFrame(distinct.to_numpy()[inverse], columns=distinct.columns)

@@ -1,15 +1,21 @@
 """Benchmark: cost-model predictions per second, all levels, on a fitted profile.
 
-    python scripts/bench_prediction.py [--n 200000] [profile overrides: --root profiles]
+    python scripts/bench_prediction.py [--n 200000] [--root profiles] [--threads N]
 
-Descriptors are drawn at random from the profile's own kernels (so every family is
-represented); timed end to end from descriptors (kernel table construction included) and
-from a ready kernel table. Median of 3 runs.
+Two workloads, each timed end to end from descriptors (kernel table, features and every
+level's model included), median of 3 runs:
+
+- *distinct descriptors*: the profile's own kernels (every family) with every size jittered
+  by a random factor in [0.5, 2], so almost no descriptor repeats and ``CostModel.predict``'s
+  de-duplication cannot help: the worst case;
+- *MoE layer traces*: the traces of many MoE layers (random Dirichlet routings, random
+  experts, top-k and widths), concatenated: the realistic case, where traces repeat kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 import warnings
@@ -19,11 +25,46 @@ import torch
 
 from costmodel.allocator import configure_allocator
 from costmodel.device import fingerprint
-from costmodel.features import kernel_table
-from costmodel.kernels import from_record
+from costmodel.kernels import KernelSpec, from_record
 from costmodel.models import ExtrapolationWarning
 from costmodel.predictor import CostModel
 from costmodel.profile import DeviceProfile
+from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
+
+
+def jittered(spec: KernelSpec, rng: np.random.Generator) -> KernelSpec:
+    """The descriptor with every size scaled by a random factor in [0.5, 2] (still valid)."""
+    changes = {}
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if isinstance(value, bool) or not isinstance(value, (int, tuple)):
+            continue
+        if isinstance(value, tuple):
+            changes[f.name] = tuple(int(round(v * rng.uniform(0.5, 2.0))) for v in value)
+        else:
+            changes[f.name] = max(1, int(round(value * rng.uniform(0.5, 2.0))))
+    try:
+        return dataclasses.replace(spec, **changes)
+    except ValueError:  # a jitter broke a constraint (top-k k > cols, ...): keep the original
+        return spec
+
+
+def moe_traces(n_kernels: int, rng: np.random.Generator) -> list[KernelSpec]:
+    specs: list[KernelSpec] = []
+    backends = ("loop", "padded", "grouped")
+    while len(specs) < n_kernels:
+        experts = int(rng.choice([8, 16, 32, 64]))
+        cfg = MoEConfig(tokens=int(rng.choice([512, 1024, 2048, 4096])), d_model=int(rng.choice([512, 768, 1024])),
+                        d_ff=int(rng.choice([1024, 2048])), num_experts=experts, top_k=int(rng.choice([1, 2])),
+                        backend=backends[len(specs) % 3])
+        share = rng.dirichlet(np.full(experts, float(rng.choice([0.1, 1.0, 10.0]))))
+        counts = rng.multinomial(cfg.tokens * cfg.top_k, share)
+        counts = np.minimum(counts, cfg.tokens)
+        if counts.sum() == 0:
+            continue
+        plan = DispatchPlan.from_counts(counts, np.full(cfg.tokens, counts.sum() / cfg.tokens))
+        specs.extend(moe_trace(cfg, plan))
+    return specs[:n_kernels]
 
 
 def main() -> None:
@@ -40,17 +81,19 @@ def main() -> None:
     model = CostModel.load(profile, expected=fp, allow_stale=True)
     records = profile.kernels().to_dict("records")
     rng = np.random.default_rng(0)
-    specs = [from_record(records[i]) for i in rng.integers(0, len(records), args.n)]
+    distinct = [jittered(from_record(records[i]), rng) for i in rng.integers(0, len(records), args.n)]
+    traces = moe_traces(args.n, rng)
     warnings.simplefilter("ignore", ExtrapolationWarning)
-    for label, fn in (("from descriptors", lambda: model.predict(specs)),
-                      ("from a kernel table", lambda t=kernel_table(specs): model.predict_table(t))):
+    print(f"device: {fp.describe()}; {len(records)} profiled kernels")
+    for label, specs in (("distinct descriptors", distinct), ("MoE layer traces", traces)):
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            out = fn()
+            out = model.predict(specs)
             times.append(time.perf_counter() - start)
-        rate = args.n / statistics.median(times)
-        print(f"{label:20s}: {args.n:,} kernels x {out.shape[1]} levels in {statistics.median(times):.2f} s "
+        rate = len(specs) / statistics.median(times)
+        print(f"{label:21s}: {len(specs):,} kernels ({len(set(specs)):,} distinct) x {out.shape[1]} levels "
+              f"in {statistics.median(times):.2f} s (runs {', '.join(f'{t:.2f}' for t in times)}) "
               f"= {rate:,.0f} kernel predictions/s")
 
 

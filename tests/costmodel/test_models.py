@@ -92,3 +92,21 @@ def test_prediction_is_vectorised_and_fast_enough_to_matter():
         warnings.simplefilter("error")  # in-range queries warn about nothing
         out = model.predict(big)
     assert out.shape == (len(big),) and np.isfinite(out).all()
+
+
+def test_grouped_features_handle_ragged_expert_counts_and_padding():
+    from costmodel.features import family_features, kernel_table
+    from costmodel.kernels import GroupedGemmSpec
+
+    specs = [GroupedGemmSpec((4, 0, 2, 2), 8, 8, impl="grouped_mm"), GroupedGemmSpec((6, 2), 8, 8, impl="padded_bmm")]
+    f = family_features(kernel_table(specs), "grouped_gemm", CEIL)
+    # row 0 executes (4, 0, 2, 2): 3 non-empty of 4 experts, 8 tokens, CV = std/mean = sqrt(2)/2
+    assert f["log_nonempty"].tolist()[0] == pytest.approx(np.log10(3))
+    assert f["log_total_tokens"].tolist()[0] == pytest.approx(np.log10(8))
+    assert f["tokens_cv"].tolist()[0] == pytest.approx(np.sqrt(2) / 2)
+    assert f["padding_waste"].tolist()[0] == pytest.approx(1 - 8 / 16)
+    # row 1 is a padded bmm: it executes max_n = 6 rows for both experts, uniform groups
+    assert f["log_experts"].tolist()[1] == pytest.approx(np.log10(2))
+    assert f["log_total_tokens"].tolist()[1] == pytest.approx(np.log10(12))
+    assert f["tokens_cv"].tolist()[1] == pytest.approx(0.0)
+    assert f["padding_waste"].tolist()[1] == pytest.approx(1 - 8 / 12)

@@ -63,3 +63,14 @@ def test_empty_or_tiny_profiles_are_clear_errors(profile):
         CostModel.fit_profile(profile)
     with pytest.raises(ProfileError, match="no fitted models"):
         CostModel.load(profile)
+
+
+def test_predict_deduplicates_but_keeps_order_and_repeats(profile):
+    _fill(profile, 30)
+    model = CostModel.fit_profile(profile, cv_folds=3)
+    a, b = GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)
+    once = model.predict([a, b]).to_numpy()
+    out = model.predict([b, a, b, b, a])
+    assert out.shape == (5, 4)
+    assert np.array_equal(out.to_numpy(), once[[1, 0, 1, 1, 0]])
+    assert model.predict([]).empty
