@@ -92,5 +92,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     else:
         console.print("[yellow]no results.csv of other experiments found: run them first to place layers on the roofline[/]")
     print_summary(summ)
+    console.print("kernel rows are the models' own training data (in-sample errors); held-out errors: "
+                  "`python -m costmodel fit` (fit_report.json)")
     console.print(f"outputs in {out}")
     return summ
