@@ -167,19 +167,20 @@ def print_table(df: pd.DataFrame, columns: Mapping[str, str], title: str) -> Non
     for col in columns:
         table.add_column(col, justify="right")
     for _, row in df.iterrows():
-        cells = []
-        for col, fmt in columns.items():
-            v = row[col]
-            if fmt == "ms":
-                cells.append(f"{v * 1e3:,.3f}")
-            elif fmt == "us":
-                cells.append(f"{v * 1e6:,.1f}")
-            elif fmt == "":
-                cells.append(str(v))
-            else:
-                cells.append(format(v, fmt))
-        table.add_row(*cells)
+        table.add_row(*(format_cell(row[col], fmt) for col, fmt in columns.items()))
     console.print(table)
+
+
+def format_cell(v: Any, spec: str) -> str:
+    """One table cell: 'ms' / 'us' show seconds in those units, '' is str(v), else a format spec;
+    a missing value (None, NaN) is '-'."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if spec == "ms":
+        return f"{v * 1e3:,.3f}"
+    if spec == "us":
+        return f"{v * 1e6:,.1f}"
+    return str(v) if spec == "" else format(v, spec)
 
 
 def print_summary(summ: Mapping[str, Any]) -> None:
@@ -202,6 +203,31 @@ def print_summary(summ: Mapping[str, Any]) -> None:
         console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "
                       f"(median of {drift['kernels']}, IQR {drift['now_over_profile_iqr']:.2f}); the machine changed "
                       "by that much since calibration")
+
+
+def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,
+                            l0_label: str = "L0 = FLOPs / peak", symlog_x: bool = False) -> None:
+    """Measured latency (median, IQR bars) and the L3 prediction against ``x``, one colour per
+    backend, with the L0 line: the plot every sweep experiment draws."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (backend, g) in enumerate(df.groupby("backend")):
+        color = f"C{i}"
+        ax.errorbar(g[x], g["measured_s"] * 1e3, yerr=g["measured_iqr_s"] * 1e3 / 2, fmt="o-", color=color,
+                    label=f"{backend}: measured (IQR)")
+        ax.plot(g[x], g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
+    g0 = df[df["backend"] == df["backend"].iloc[0]]
+    ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label=l0_label)
+    if symlog_x:
+        ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("layer latency [ms]")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue: str | None = None,

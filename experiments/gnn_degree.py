@@ -15,7 +15,6 @@ from typing import Any, Mapping
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -23,7 +22,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
+    console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, profile_drift, gnn_suite  # noqa: E402
@@ -126,23 +126,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
 
 def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (backend, g) in enumerate(df.groupby("backend")):
-        color = f"C{i}"
-        ax.errorbar(g["degree_cv"], g["measured_s"] * 1e3, yerr=g["measured_iqr_s"] * 1e3 / 2, fmt="o-", color=color,
-                    label=f"{backend}: measured (IQR)")
-        ax.plot(g["degree_cv"], g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
-    g0 = df[df["backend"] == df["backend"].iloc[0]]
-    ax.plot(g0["degree_cv"], g0["pred_L0_s"] * 1e3, "k:", lw=2, label="L0 = FLOPs / peak")
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_yscale("log")
-    ax.set_xlabel(f"in-degree coefficient of variation ({cfg['graph']['sweep']['param']} swept)")
-    ax.set_ylabel("layer latency [ms]")
-    ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7)
-    ax.set_title("GNN layer: latency vs degree skew, per aggregation backend")
-    fig.tight_layout()
-    fig.savefig(out / "latency_vs_skew.png", dpi=120)
-    plt.close(fig)
+    plot_latency_by_backend(df, "degree_cv", out / "latency_vs_skew.png", symlog_x=True,
+                            xlabel=f"in-degree coefficient of variation ({cfg['graph']['sweep']['param']} swept)",
+                            title="GNN layer: latency vs degree skew, per aggregation backend")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="GNN layer: predicted vs measured",
                                hue="backend")

@@ -15,7 +15,6 @@ from typing import Any, Mapping
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
@@ -23,7 +22,8 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    console, instantiate_sweep, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs,
+    console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, profile_drift, moe_suite  # noqa: E402
@@ -119,23 +119,9 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
 def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:
     param = cfg["routing"]["sweep"]["param"] or "point"
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for i, (backend, g) in enumerate(df.groupby("backend")):
-        color = f"C{i}"
-        x = g["max_over_mean"]
-        ax.errorbar(x, g["measured_s"] * 1e3, yerr=g["measured_iqr_s"] * 1e3 / 2, fmt="o-", color=color,
-                    label=f"{backend}: measured (IQR)")
-        ax.plot(x, g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
-    g0 = df[df["backend"] == df["backend"].iloc[0]]
-    ax.plot(g0["max_over_mean"], g0["pred_L0_s"] * 1e3, "k:", lw=2, label="L0 = FLOPs / peak (flat)")
-    ax.set_xlabel(f"expert load max/mean (routing {param} swept)")
-    ax.set_ylabel("layer latency [ms]")
-    ax.set_yscale("log")
-    ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=8)
-    ax.set_title("MoE layer: same FLOPs, latency moves with routing concentration")
-    fig.tight_layout()
-    fig.savefig(out / "latency_vs_concentration.png", dpi=120)
-    plt.close(fig)
+    plot_latency_by_backend(df, "max_over_mean", out / "latency_vs_concentration.png",
+                            xlabel=f"expert load max/mean (routing {param} swept)",
+                            l0_label="L0 = FLOPs / peak (flat)",
+                            title="MoE layer: same FLOPs, latency moves with routing concentration")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="MoE layer: predicted vs measured",
                                hue="backend")

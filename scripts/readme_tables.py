@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from experiments.common import format_cell
+
 
 def fmt(v: object, spec: str = ".1f") -> str:
     return "-" if v is None or (isinstance(v, float) and v != v) else format(v, spec)
@@ -39,16 +41,7 @@ def frame_table(df: pd.DataFrame, cols: dict[str, str]) -> str:
     sep = "|" + "---|" * len(cols)
     lines = [head, sep]
     for _, r in df.iterrows():
-        cells = []
-        for c, spec in cols.items():
-            v = r[c]
-            if spec == "ms":
-                cells.append(f"{v * 1e3:.2f}")
-            elif spec == "":
-                cells.append(str(v))
-            else:
-                cells.append(fmt(v, spec))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(format_cell(r[c], spec) for c, spec in cols.items()) + " |")
     return "\n".join(lines)
 
 
