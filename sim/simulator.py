@@ -29,7 +29,7 @@ from costmodel.ops import SCOPE_PREFIX, kernel_scope
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import Measurement, TimingConfig, measure
 
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # keep the profiler's own chatter off the console
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above USDT (5), kineto's most verbose-proof level: no profiler chatter
 
 
 class TraceMismatchError(RuntimeError):
