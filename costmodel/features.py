@@ -23,6 +23,7 @@ Features per family (all logs base 10, sizes in elements unless the name says by
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -34,9 +35,25 @@ TILE = {"cpu": 64, "cuda": 128}  # output tile edge used for the tile/wave featu
 
 
 def kernel_table(specs: Iterable[KernelSpec]) -> pd.DataFrame:
-    """Descriptors -> kernel table (fields + flops + bytes_moved), in input order."""
+    """Descriptors -> kernel table (fields + flops + bytes_moved), in input order.
+
+    Built column by column per descriptor class (the same cells as ``to_record``: tuples
+    joined by commas), which is several times faster than one dict per row."""
     specs = list(specs)
-    table = pd.DataFrame.from_records([s.to_record() for s in specs])
+    by_class: dict[type, list[int]] = {}
+    for i, s in enumerate(specs):
+        by_class.setdefault(type(s), []).append(i)
+    parts = []
+    for cls, rows in by_class.items():
+        names = cls.field_names()
+        get = operator.attrgetter(*names)
+        values = [get(specs[i]) for i in rows]
+        columns: dict[str, Any] = {"family": [cls.family] * len(rows)}
+        for name, col in zip(names, zip(*values) if len(names) > 1 else [values]):
+            columns[name] = [",".join(map(str, v)) for v in col] if isinstance(col[0], tuple) else list(col)
+        parts.append(pd.DataFrame(columns, index=rows))
+    table = (pd.concat(parts).sort_index() if len(parts) > 1 else parts[0]) if parts else pd.DataFrame()
+    table.index = pd.RangeIndex(len(specs))
     table["flops"] = np.fromiter((s.flops() for s in specs), dtype=np.float64, count=len(specs))
     table["bytes_moved"] = np.fromiter((s.bytes_moved() for s in specs), dtype=np.float64, count=len(specs))
     return table

@@ -9,7 +9,10 @@ level's model included), median of 3 runs:
   by a random factor in [0.5, 2], so almost no descriptor repeats and ``CostModel.predict``'s
   de-duplication cannot help: the worst case;
 - *MoE layer traces*: the traces of many MoE layers (random Dirichlet routings, random
-  experts, top-k and widths), concatenated: the realistic case, where traces repeat kernels.
+  experts, top-k and widths), concatenated: the realistic case, where traces repeat kernels;
+- *distinct, kernel table*: the distinct descriptors already as a kernel table (a DataFrame
+  of descriptor fields, as a profile or a user's own shape sweep is), through
+  ``CostModel.predict_table``: no Python object per kernel.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 
 from costmodel.allocator import configure_allocator
 from costmodel.device import fingerprint
+from costmodel.features import kernel_table
 from costmodel.kernels import KernelSpec, from_record
 from costmodel.models import ExtrapolationWarning
 from costmodel.predictor import CostModel
@@ -85,14 +89,18 @@ def main() -> None:
     traces = moe_traces(args.n, rng)
     warnings.simplefilter("ignore", ExtrapolationWarning)
     print(f"device: {fp.describe()}; {len(records)} profiled kernels")
-    for label, specs in (("distinct descriptors", distinct), ("MoE layer traces", traces)):
+    table = kernel_table(distinct)
+    cases = (("distinct descriptors", distinct, lambda: model.predict(distinct)),
+             ("MoE layer traces", traces, lambda: model.predict(traces)),
+             ("distinct, kernel table", distinct, lambda: model.predict_table(table)))
+    for label, specs, predict in cases:
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            out = model.predict(specs)
+            out = predict()
             times.append(time.perf_counter() - start)
         rate = len(specs) / statistics.median(times)
-        print(f"{label:21s}: {len(specs):,} kernels ({len(set(specs)):,} distinct) x {out.shape[1]} levels "
+        print(f"{label:23s}: {len(specs):,} kernels ({len(set(specs)):,} distinct) x {out.shape[1]} levels "
               f"in {statistics.median(times):.2f} s (runs {', '.join(f'{t:.2f}' for t in times)}) "
               f"= {rate:,.0f} kernel predictions/s")
 
