@@ -51,6 +51,11 @@ class TimingConfig:
     cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
     cold_cache: bool = True  # CUDA: zero a buffer > L2 before each repeat; CPU: rotating operands (runners)
     cuda_flush_bytes: int = 256 * 1024 * 1024  # larger than any current L2 (H200: 60 MiB)
+    #: CPU layers (``measure(..., evict_cpu_cache=True)``): bytes written before every timed
+    #: call; twice the development VM's effective LLC (64 MiB already streams from DRAM, see
+    #: ``costmodel.runners.ARENA_BYTES``)
+    cpu_evict_bytes: int = 128 * 1024 * 1024
+    cpu_evict_max_calls: int = 40  # per-call timing with eviction: enough samples for a median
 
     def __post_init__(self) -> None:
         if self.min_run_time_s <= 0:
@@ -145,6 +150,35 @@ def _time_cpu(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[float], in
     return times, number
 
 
+_EVICT_BUFFERS: dict[tuple[str, int], torch.Tensor] = {}
+
+
+def evict_caches(device: torch.device, cfg: TimingConfig) -> None:
+    """Write a buffer larger than the device's last-level cache (CPU: ``cpu_evict_bytes``,
+    CUDA: ``cuda_flush_bytes``), so that the next call finds its data in memory only."""
+    nbytes = cfg.cuda_flush_bytes if device.type == "cuda" else cfg.cpu_evict_bytes
+    key = (str(device), nbytes)
+    if key not in _EVICT_BUFFERS:
+        _EVICT_BUFFERS[key] = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+    _EVICT_BUFFERS[key].zero_()
+
+
+def _time_cpu_evicting(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[float], int]:
+    """One call per sample, each after writing ``cpu_evict_bytes`` (untimed), so every call
+    starts with cold caches, as a layer inside a model whose weights are evicted between its
+    calls does; the CPU counterpart of the L2 flush before every CUDA repeat."""
+    fn()  # warm-up: first-call costs stay out of the data
+    times: list[float] = []
+    timed = 0.0
+    while len(times) < cfg.min_runs or (timed < cfg.min_run_time_s and len(times) < cfg.cpu_evict_max_calls):
+        evict_caches(torch.device("cpu"), cfg)
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+        timed += times[-1]
+    return times, 1
+
+
 def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -> tuple[list[float], int]:
     flush = torch.empty(cfg.cuda_flush_bytes // 4, dtype=torch.int32, device=device) if cfg.cold_cache else None
     fn()
@@ -180,8 +214,13 @@ def measure(
     device: torch.device | str = "cpu",
     config: TimingConfig | None = None,
     spec: dict[str, Any] | None = None,
+    evict_cpu_cache: bool = False,
 ) -> Measurement:
-    """Time ``fn`` on ``device``; retry while noisy; return the least noisy attempt."""
+    """Time ``fn`` on ``device``; retry while noisy; return the least noisy attempt.
+
+    ``evict_cpu_cache`` (CPU; for whole layers): evict the caches before every timed call
+    instead of timing blocks of back-to-back calls. Kernel runners stay on blocks: they get
+    cold operands by rotation, which keeps microsecond kernels cheap to time."""
     cfg = config or TimingConfig()
     device = torch.device(device)
     best: tuple[list[float], int] | None = None
@@ -190,6 +229,8 @@ def measure(
     for attempts in range(1, cfg.retries + 2):
         if device.type == "cuda":
             times, number = _time_cuda(fn, cfg, device)
+        elif evict_cpu_cache:
+            times, number = _time_cpu_evicting(fn, cfg)
         else:
             times, number = _time_cpu(fn, cfg)
         q1, median, q3 = np.percentile(times, [25, 50, 75])

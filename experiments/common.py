@@ -96,7 +96,8 @@ def measure_interleaved(
         for r in range(rounds):
             for i, job in enumerate(jobs):
                 bar.update(task, current=f"round {r + 1}/{rounds}")
-                per_job[i].append(measure(job, device=device, config=per_round))
+                per_job[i].append(measure(job, device=device, config=per_round,
+                                          evict_cpu_cache=timing.cold_cache))
                 bar.advance(task)
     out = []
     for ms in per_job:

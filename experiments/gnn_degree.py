@@ -96,7 +96,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     kp = int(meas["kernel_point"]) % len(graphs)
     per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["profile_iterations"]))
+                                  iterations=int(meas["profile_iterations"]), timing=rt.timing)
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     winners = df[df["winner"]][["value", "degree_cv", "backend"]]

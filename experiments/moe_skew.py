@@ -91,7 +91,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["kernel_point"]) % len(generators)
     per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["profile_iterations"]))
+                                  iterations=int(meas["profile_iterations"]), timing=rt.timing)
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={

@@ -65,11 +65,13 @@ def evaluate_workloads(
 
 
 def per_kernel_table(model: CostModel, workloads: Sequence[Workload], *, device: torch.device,
-                     iterations: int) -> pd.DataFrame:
-    """Every kernel of every workload, profiled inside the real run, next to its predictions."""
+                     iterations: int, timing: TimingConfig | None = None) -> pd.DataFrame:
+    """Every kernel of every workload, profiled inside the real run, next to its predictions
+    (from cold caches, like the layer timer, when ``timing.cold_cache``)."""
     tables = []
+    cold = timing if timing is not None and timing.cold_cache else None
     for w in workloads:
-        measured = profile_kernels(w.run, w.trace, device=device, iterations=iterations)
+        measured = profile_kernels(w.run, w.trace, device=device, iterations=iterations, cold=cold)
         errors = per_kernel_errors(predict_trace(model, w.trace, quiet=True), measured)
         errors.insert(0, "workload", w.label)
         tables.append(errors)

@@ -27,7 +27,7 @@ from costmodel.kernels import KernelSpec
 from costmodel.models import ExtrapolationWarning
 from costmodel.ops import SCOPE_PREFIX, kernel_scope
 from costmodel.predictor import LEVELS, CostModel
-from costmodel.timing import Measurement, TimingConfig, measure
+from costmodel.timing import Measurement, TimingConfig, evict_caches, measure
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above USDT (5), kineto's most verbose-proof level: no profiler chatter
 
@@ -51,7 +51,8 @@ def predict_trace(
 
 
 def measure_callable(fn: Callable[[], Any], device: torch.device, timing: TimingConfig) -> Measurement:
-    return measure(fn, device=device, config=timing)
+    """A whole layer: with ``timing.cold_cache`` every timed call starts from cold caches."""
+    return measure(fn, device=device, config=timing, evict_cpu_cache=timing.cold_cache)
 
 
 def profiler_overhead_s(device: torch.device, iterations: int = 200) -> float:
@@ -82,15 +83,19 @@ def _events_under(event: Any) -> int:
 
 
 def profile_kernels(
-    fn: Callable[[], Any], trace: Sequence[KernelSpec], *, device: torch.device, iterations: int = 5
+    fn: Callable[[], Any], trace: Sequence[KernelSpec], *, device: torch.device, iterations: int = 5,
+    cold: TimingConfig | None = None,
 ) -> pd.DataFrame:
     """Median per-kernel time inside the real forward pass, aligned with ``trace``
-    (the profiler's own per-event overhead subtracted on CPU)."""
+    (the profiler's own per-event overhead subtracted on CPU); with ``cold`` (a timing
+    config), caches are evicted before each profiled pass, as the layer timer does."""
     fn()  # warm-up outside the profiler
     overhead = profiler_overhead_s(device) if device.type == "cpu" else 0.0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     per_iter: list[list[float]] = []
     for _ in range(iterations):
+        if cold is not None:
+            evict_caches(device, cold)
         with profile(activities=activities) as prof:
             fn()
             if device.type == "cuda":

@@ -60,3 +60,22 @@ def test_clean_measurement_is_not_retried():
 def test_bad_timing_config(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TimingConfig(**kwargs)
+
+
+def test_layer_timing_with_cache_eviction_times_single_calls():
+    calls = []
+    cfg = TimingConfig(min_run_time_s=0.01, min_runs=4, retries=0, cpu_evict_bytes=1 << 16, cpu_evict_max_calls=9)
+    m = measure(lambda: (calls.append(1), time.sleep(0.002)), config=cfg, evict_cpu_cache=True)
+    assert m.number_per_run == 1  # one call per sample: each starts after an eviction
+    assert 4 <= len(m.times_s) <= 9 and len(calls) == len(m.times_s) + 1  # + the warm-up call
+    assert all(t >= 0.002 for t in m.times_s)
+
+
+def test_evict_caches_writes_a_buffer_of_the_configured_size():
+    import torch
+
+    from costmodel import timing
+
+    timing.evict_caches(torch.device("cpu"), TimingConfig(cpu_evict_bytes=1 << 20))
+    buf = timing._EVICT_BUFFERS[("cpu", 1 << 20)]
+    assert buf.numel() * buf.element_size() == 1 << 20 and int(buf.abs().sum()) == 0
