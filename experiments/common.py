@@ -247,6 +247,10 @@ def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue:
                         label="±10%")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):  # 1-2-5 ticks as plain numbers: readable on narrow ranges
+            axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlim(lo * 1e3, hi * 1e3)
         ax.set_ylim(lo * 1e3, hi * 1e3)
         med = df[f"ape_{lv}_pct"].median()
