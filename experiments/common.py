@@ -184,6 +184,10 @@ def format_cell(v: Any, spec: str) -> str:
     return str(v) if spec == "" else format(v, spec)
 
 
+#: a profile drift beyond this factor (either way) gets a warning with the summary
+DRIFT_WARN_RATIO = 1.5
+
+
 def print_summary(summ: Mapping[str, Any]) -> None:
     table = Table(title=f"{summ['experiment']} on {summ['device']}: {summ['n_points']} points, "
                         f"run-to-run noise {summ['noise_cv_pct'] or 0:.1f}% CV")
@@ -204,6 +208,12 @@ def print_summary(summ: Mapping[str, Any]) -> None:
         console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "
                       f"(median of {drift['kernels']}, IQR {drift['now_over_profile_iqr']:.2f}); the machine changed "
                       "by that much since calibration")
+        ratio = drift["now_over_profile_median"]
+        if not 1 / DRIFT_WARN_RATIO <= ratio <= DRIFT_WARN_RATIO:
+            console.print(f"[yellow]warning: profile drift {ratio:.2f}x is outside [{1 / DRIFT_WARN_RATIO:.2f}, "
+                          f"{DRIFT_WARN_RATIO:.2f}]: the device is not in the state it was profiled in (other work "
+                          "running? a slow phase?), so prediction errors here measure the machine, not the model; "
+                          "rerun on a quiet machine or with calibration.refresh=true[/]")
 
 
 def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,

@@ -88,3 +88,16 @@ def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path
     with pytest.raises(ValueError, match=message):
         importlib.import_module(f"experiments.{name}").run(cfg, out_dir=tmp_path / "out")
     assert not (tmp_path / "profiles").exists()  # nothing was calibrated or measured
+
+
+@pytest.mark.parametrize("ratio, warned", [(1.0, False), (1.4, False), (1.93, True), (0.5, True)])
+def test_summary_warns_when_the_machine_drifted_from_its_profile(ratio, warned):
+    from experiments import common
+
+    summ = {"experiment": "x", "device": "cpu", "n_points": 1, "noise_cv_pct": 1.0,
+            "median_ape_pct": {}, "p90_ape_pct": {}, "max_ape_pct": {}, "spearman": {},
+            "details": {"profile_drift": {"now_over_profile_median": ratio, "now_over_profile_iqr": 0.1,
+                                          "kernels": 12}}}
+    with common.console.capture() as captured:
+        common.print_summary(summ)
+    assert ("not in the state it was profiled in" in captured.get()) == warned
