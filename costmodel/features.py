@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from costmodel.kernels import DTYPE_BYTES, ELEMENTWISE_OPS, GROUPED_IMPLS, KernelSpec, SCATTER_BACKENDS
+from costmodel.kernels import DTYPE_BYTES, ELEMENTWISE_OPS, GROUPED_IMPLS, SCATTER_BACKENDS, KernelSpec, record_value
 
 TILE = {"cpu": 64, "cuda": 128}  # output tile edge used for the tile/wave features
 
@@ -50,7 +50,7 @@ def kernel_table(specs: Iterable[KernelSpec]) -> pd.DataFrame:
         values = [get(specs[i]) for i in rows]
         columns: dict[str, Any] = {"family": [cls.family] * len(rows)}
         for name, col in zip(names, zip(*values) if len(names) > 1 else [values]):
-            columns[name] = [",".join(map(str, v)) for v in col] if isinstance(col[0], tuple) else list(col)
+            columns[name] = [record_value(v) for v in col] if isinstance(col[0], tuple) else list(col)
         parts.append(pd.DataFrame(columns, index=rows))
     table = (pd.concat(parts).sort_index() if len(parts) > 1 else parts[0]) if parts else pd.DataFrame()
     table.index = pd.RangeIndex(len(specs))

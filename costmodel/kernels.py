@@ -112,8 +112,7 @@ class KernelSpec:
         """Flat dict for tidy tables: ``family`` plus every field (tuples as strings)."""
         rec: dict[str, Any] = {"family": self.family}
         for name in self.field_names():
-            value = getattr(self, name)
-            rec[name] = ",".join(map(str, value)) if isinstance(value, tuple) else value
+            rec[name] = record_value(getattr(self, name))
         return rec
 
     def key(self) -> str:
@@ -127,6 +126,11 @@ class KernelSpec:
             f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.name != "dtype"
         )
         return f"{self.family}({fields})"
+
+
+def record_value(value: Any) -> Any:
+    """A field as a table cell: tuples (per-expert counts) as comma-separated text."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else value
 
 
 def families() -> tuple[str, ...]:

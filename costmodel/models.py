@@ -25,6 +25,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Mapping
 
+import joblib
 import numpy as np
 import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin, clone
@@ -279,9 +280,10 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
             feats = family_features(X.iloc[idx], family, self.ceilings_)
             self._warn_out_of_range(family, feats)
             lo, hi = self.target_range_[family]
-            if hasattr(model, "n_jobs"):  # forests: trees in parallel threads on large batches only
-                model.n_jobs = -1 if len(idx) >= PARALLEL_PREDICT_ROWS else None
-            log_eff[idx] = np.clip(model.predict(feats.to_numpy()), lo, hi)
+            # forests spread their trees over all cores on large batches only (read by joblib,
+            # so the fitted estimator itself is left as it was fitted)
+            with joblib.parallel_config(n_jobs=-1 if len(idx) >= PARALLEL_PREDICT_ROWS else 1):
+                log_eff[idx] = np.clip(model.predict(feats.to_numpy()), lo, hi)
         return roof * 10**log_eff
 
     def _warn_out_of_range(self, family: str, feats: pd.DataFrame) -> None:

@@ -180,14 +180,13 @@ def _time_cpu_evicting(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[f
 
 
 def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -> tuple[list[float], int]:
-    flush = torch.empty(cfg.cuda_flush_bytes // 4, dtype=torch.int32, device=device) if cfg.cold_cache else None
     fn()
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(5):
-        if flush is not None:
-            flush.zero_()
+        if cfg.cold_cache:
+            evict_caches(device, cfg)
         fn()
     end.record()
     torch.cuda.synchronize(device)
@@ -199,8 +198,8 @@ def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -
     for _ in range(n_warmup):
         fn()
     for s, e in zip(starts, ends):
-        if flush is not None:
-            flush.zero_()
+        if cfg.cold_cache:
+            evict_caches(device, cfg)
         s.record()
         fn()
         e.record()

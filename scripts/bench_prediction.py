@@ -2,8 +2,8 @@
 
     python scripts/bench_prediction.py [--n 200000] [--root profiles] [--threads N]
 
-Two workloads, each timed end to end from descriptors (kernel table, features and every
-level's model included), median of 3 runs:
+Three workloads, each timed end to end (kernel table, features and every level's model
+included), median of 3 runs:
 
 - *distinct descriptors*: the profile's own kernels (every family) with every size jittered
   by a random factor in [0.5, 2], so almost no descriptor repeats and ``CostModel.predict``'s
