@@ -250,11 +250,20 @@ class GroupedGemmSpec(KernelSpec):
     def executed_flops(self) -> float:
         return 2.0 * self.k * self.n * self.executed_rows()
 
+    def weight_experts(self) -> int:
+        """Experts whose weight matrix the call reads: all E for a padded bmm (it multiplies
+        every expert's slice, empty or not); only experts with tokens for grouped_mm, which
+        skips empty groups (measured on CPU: 3 non-empty of 16 experts read 3.1 ms, all 16
+        10.4 ms, K=1024, N=2048; CUTLASS grouped GEMMs schedule tiles of non-empty groups only)."""
+        if self.impl == "padded_bmm":
+            return self.num_experts
+        return sum(1 for c in self.tokens_per_expert if c > 0)
+
     def bytes_moved(self) -> float:
-        # Inputs read once, outputs written once, every expert's weight read once:
-        # s * (rows*K + E*K*N + rows*N), with rows = executed rows (padding included).
+        # Inputs read once, outputs written once, each read expert's weight once:
+        # s * (rows*K + E_read*K*N + rows*N), rows = executed rows (padding included).
         rows = self.executed_rows()
-        return float(self.elem_bytes * (rows * self.k + self.num_experts * self.k * self.n + rows * self.n))
+        return float(self.elem_bytes * (rows * self.k + self.weight_experts() * self.k * self.n + rows * self.n))
 
 
 # ----------------------------------------------------------------------------- gather / scatter

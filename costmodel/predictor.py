@@ -32,6 +32,10 @@ LEVELS = ("L0", "L1", "L2", "L3")
 MODELS_FILE = "models.joblib"
 MODELS_META = "models.json"
 MIN_ROWS_TO_FIT = 10
+#: Version of the kernel formulas and features the saved models were fitted with: bump it
+#: when a FLOPs/bytes formula or a feature changes, so saved models count as stale and refit.
+#: 2: grouped_mm reads only the weights of experts that received tokens.
+MODEL_VERSION = 2
 
 
 class StaleModelError(RuntimeError):
@@ -75,6 +79,7 @@ class CostModel:
             "l3_form": l3.chosen_,
             "l3_cv_median_ape_pct": l3.cv_median_ape_pct_,
             "sklearn": sklearn.__version__,
+            "model_version": MODEL_VERSION,
         }
         return cls(profile.fingerprint, dict(ceilings), levels, profile.content_hash(), meta)
 
@@ -112,6 +117,10 @@ class CostModel:
         profile_hash = meta.pop("profile_hash")
         if profile_hash != profile.content_hash() and not allow_stale:
             raise StaleModelError(f"models in {profile.path} were fitted before the profile last changed; refit")
+        version = meta.pop("model_version", 1)
+        if version != MODEL_VERSION and not allow_stale:
+            raise StaleModelError(f"models in {profile.path} were fitted with kernel formulas v{version}; this code has "
+                                  f"v{MODEL_VERSION}; refit")
         bundle = joblib.load(model_file)
         return cls(fp, bundle["ceilings"], bundle["levels"], profile_hash, meta)
 

@@ -144,7 +144,13 @@ class DeviceProfile:
         first["round_cv"] = (g["median_s"].std(ddof=1) / g["median_s"].mean()).fillna(0.0)
         first["noisy"] = g["noisy"].any()
         first["rel_iqr"] = first["iqr_s"] / first["median_s"]
-        return first.reset_index().drop(columns=["round"])
+        table = first.reset_index().drop(columns=["round"])
+        # FLOPs and bytes follow the descriptors' current formulas, not the ones in force
+        # when a row was measured (the stored columns are a record of that time)
+        specs = [from_record(r) for r in table.to_dict("records")]
+        table["flops"] = [s.flops() for s in specs]
+        table["bytes_moved"] = [s.bytes_moved() for s in specs]
+        return table
 
     def measured_rounds(self) -> set[tuple[str, int]]:
         """(key, round) pairs already in the profile."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -9,8 +10,8 @@ import pytest
 import torch
 
 from costmodel.device import ProfileMismatchError, fingerprint
-from costmodel.kernels import GemmSpec, SortSpec
-from costmodel.predictor import CostModel, StaleModelError
+from costmodel.kernels import GemmSpec, GroupedGemmSpec, SortSpec
+from costmodel.predictor import MODEL_VERSION, CostModel, StaleModelError
 from costmodel.profile import DeviceProfile, ProfileError
 
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
@@ -74,3 +75,22 @@ def test_predict_deduplicates_but_keeps_order_and_repeats(profile):
     assert out.shape == (5, 4)
     assert np.array_equal(out.to_numpy(), once[[1, 0, 1, 1, 0]])
     assert model.predict([]).empty
+
+
+def test_models_fitted_with_older_kernel_formulas_are_stale(profile):
+    _fill(profile, 30)
+    CostModel.fit_profile(profile, cv_folds=3).save(profile)
+    meta_file = profile.path / "models.json"
+    meta = json.loads(meta_file.read_text())
+    meta["model_version"] = MODEL_VERSION - 1
+    meta_file.write_text(json.dumps(meta))
+    with pytest.raises(StaleModelError, match=f"v{MODEL_VERSION - 1}.*v{MODEL_VERSION}"):
+        CostModel.load(profile)
+
+
+def test_profile_kernels_follow_current_byte_formulas(profile):
+    spec = GroupedGemmSpec((4, 0, 0, 4), 16, 32, "grouped_mm")
+    profile.append_measurements([{"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(),
+                                  "bytes_moved": 1.0, "median_s": 1e-5, "iqr_s": 0.0, "noisy": False}])
+    row = profile.kernels().iloc[0]
+    assert row["bytes_moved"] == spec.bytes_moved() == 4 * (8 * 16 + 2 * 16 * 32 + 8 * 32)
