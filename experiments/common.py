@@ -9,6 +9,11 @@ summary.json has the same shape for every experiment::
 APE is the absolute percentage error of predicted vs measured latency over every row of
 results.csv; ``noise_cv_pct`` is the median, over rows, of the coefficient of variation
 of that row's per-round medians (run-to-run noise, which bounds any model's accuracy).
+``details.profile_drift`` is how fast the experiment's profiled kernels ran, timed in the
+same rounds as its layers, against the profile; ``details.drift_scaled_ape_pct`` the
+errors each level would have had with its predictions multiplied by that factor (what
+is left when the machine's change since calibration is taken out; the headline errors
+are never adjusted).
 """
 
 from __future__ import annotations
@@ -78,16 +83,20 @@ def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, 
 
 def measure_interleaved(
     jobs: Sequence[Callable[[], Any]], *, device: torch.device, timing: TimingConfig, description: str,
-    progress: bool = True,
+    progress: bool = True, evict: Sequence[bool] | None = None,
 ) -> list[dict[str, float]]:
     """Time every job in ``timing.rounds`` round-robin passes (each with 1/rounds of the
     time budget, no retries: the rounds are the retries), so slow drift of a shared
     machine spreads over all jobs instead of biasing the ones measured during a busy spell.
 
     Per job: median of the round medians, IQR over all timed blocks, the CV of the round
-    medians (run-to-run noise) and whether any round was flagged noisy.
+    medians (run-to-run noise) and whether any round was flagged noisy. ``evict`` says per
+    job whether each timed call starts from evicted caches (default: ``timing.cold_cache``).
     """
     rounds = timing.rounds
+    evict = [timing.cold_cache] * len(jobs) if evict is None else list(evict)
+    if len(evict) != len(jobs):
+        raise ValueError(f"evict has {len(evict)} flags for {len(jobs)} jobs")
     per_round = replace(timing.per_round(), retries=0)
     per_job: list[list[Any]] = [[] for _ in jobs]
     bar = make_progress(progress)
@@ -96,8 +105,7 @@ def measure_interleaved(
         for r in range(rounds):
             for i, job in enumerate(jobs):
                 bar.update(task, current=f"round {r + 1}/{rounds}")
-                per_job[i].append(measure(job, device=device, config=per_round,
-                                          evict_cpu_cache=timing.cold_cache))
+                per_job[i].append(measure(job, device=device, config=per_round, evict_cpu_cache=evict[i]))
                 bar.advance(task)
     out = []
     for ms in per_job:
@@ -139,6 +147,17 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         for lv in levels
     }
     out["details"] = dict(details or {})
+    drift = out["details"].get("profile_drift") or {}
+    if drift:
+        factor = drift["now_over_profile_median"]
+        scaled = {lv: (100 * (df[f"pred_{lv}_s"] * factor - df["measured_s"]).abs() / df["measured_s"]).to_numpy()
+                  for lv in levels}
+        out["details"]["drift_scaled_ape_pct"] = {
+            "factor": factor,
+            "median": {lv: _clean(np.median(a)) for lv, a in scaled.items()},
+            "p90": {lv: _clean(np.percentile(a, 90)) for lv, a in scaled.items()},
+            "max": {lv: _clean(np.max(a)) for lv, a in scaled.items()},
+        }
     if {"round_cv"} <= set(df.columns):
         from costmodel.evaluation import measurement_sigma, noise_floor_median_ape_pct
 
@@ -206,8 +225,12 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     drift = summ["details"].get("profile_drift") or {}
     if drift:
         console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "
-                      f"(median of {drift['kernels']}, IQR {drift['now_over_profile_iqr']:.2f}); the machine changed "
-                      "by that much since calibration")
+                      f"(median of {drift['kernels']}, IQR {drift['now_over_profile_iqr']:.2f}, timed in the same rounds "
+                      "as the layers); the machine changed by that much since calibration")
+        scaled = summ["details"].get("drift_scaled_ape_pct")
+        if scaled and "L3" in scaled["median"]:
+            console.print(f"L3 with predictions scaled by that drift: median {scaled['median']['L3']:.1f}%, "
+                          f"p90 {scaled['p90']['L3']:.1f}%, max {scaled['max']['L3']:.1f}% (headline errors unscaled)")
         ratio = round(drift["now_over_profile_median"], 2)  # judged as printed
         if not round(1 / DRIFT_WARN_RATIO, 2) <= ratio <= DRIFT_WARN_RATIO:
             console.print(f"[yellow]warning: profile drift {ratio:.2f}x is outside [{1 / DRIFT_WARN_RATIO:.2f}, "

@@ -28,7 +28,7 @@ from costmodel.kernels import GatherSpec, ScatterSpec  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
-from sim.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, profile_drift, small_op_suite  # noqa: E402
+from sim.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, drift_references, small_op_suite  # noqa: E402
 from sim.graphs import degree_stats, rmat  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, moe_trace  # noqa: E402
@@ -120,9 +120,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     workloads, suite = build_workloads(cfg, rt)
     model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)),
                              refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure workloads",
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                            references=drift_references(rt, suite), description="measure workloads",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = profile_drift(rt, suite)
+    drift = df.attrs["profile_drift"]
     classes = class_table(df)
     classes.to_csv(out / "classes.csv", index=False)
     pooled = r_squared(df["measured_s"].to_numpy(), df["flops"].to_numpy() / proportional_rate(

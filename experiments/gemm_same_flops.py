@@ -25,7 +25,7 @@ from costmodel.runtime import Runtime  # noqa: E402
 from costmodel.suite import equal_flops_trio, trio_flops  # noqa: E402
 from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
-from sim.calibration import calibrated_model, profile_drift, gemm_suite  # noqa: E402
+from sim.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
 
 def trio_workloads(cfg: dict, rt: Runtime) -> list[tuple[str, float, Any]]:
@@ -51,9 +51,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                  {"shape": name, "flops_level": f, "m": s.m, "k": s.k, "n": s.n})
         for name, f, s in shapes
     ]
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure gemms",
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                            references=drift_references(rt, suite), description="measure gemms",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=ceilings["peak_flops_per_s"])
-    drift = profile_drift(rt, suite)
+    drift = df.attrs["profile_drift"]
     df["ai_over_ridge"] = df["intensity_flops_per_byte"] / ceilings["ridge_flops_per_byte"]
     df["roofline_bound_gflops"] = np.minimum(ceilings["peak_flops_per_s"],
                                              ceilings["bandwidth_bytes_per_s"] * df["intensity_flops_per_byte"]) / 1e9

@@ -26,7 +26,7 @@ from experiments.common import (  # noqa: E402
     print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
-from sim.calibration import calibrated_model, profile_drift, gnn_suite  # noqa: E402
+from sim.calibration import calibrated_model, drift_references, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, degree_stats  # noqa: E402
 
@@ -89,9 +89,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
             workloads.append(Workload(c.backend, gnn_trace(c, plan), lambda layer=layer: layer(x), {
                 "point": i, "generator": generator_name, "param": cfg["graph"]["sweep"]["param"], "value": value,
                 "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure gnn layers",
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                            references=drift_references(rt, suite), description="measure gnn layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = profile_drift(rt, suite)
+    drift = df.attrs["profile_drift"]
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["kernel_point"]) % len(graphs)

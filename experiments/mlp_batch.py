@@ -21,7 +21,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
-from sim.calibration import calibrated_model, profile_drift, gemm_suite, small_op_suite  # noqa: E402
+from sim.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
 
 
@@ -49,9 +49,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     for c, trace in zip(configs, traces):
         x = torch.randn(c.batch, c.d_model, generator=gen).to(rt.device, getattr(torch, c.dtype))
         workloads.append(Workload(f"B={c.batch}", trace, lambda x=x: module(x), {"batch": c.batch}))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure mlp",
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                            references=drift_references(rt, suite), description="measure mlp",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = profile_drift(rt, suite)
+    drift = df.attrs["profile_drift"]
     first = df.iloc[0]
     df["flops_vs_first"] = df["flops"] / first["flops"]
     df["latency_vs_first"] = df["measured_s"] / first["measured_s"]

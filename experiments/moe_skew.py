@@ -26,7 +26,7 @@ from experiments.common import (  # noqa: E402
     print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
-from sim.calibration import calibrated_model, profile_drift, moe_suite  # noqa: E402
+from sim.calibration import calibrated_model, drift_references, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
 
@@ -84,9 +84,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
             layer = layers[c.backend]
             workloads.append(Workload(c.backend, moe_trace(c, plan), lambda layer=layer, r=routing: layer(x, r),
                                       {**columns, "backend": c.backend, "model_flops": c.useful_flops(plan.assignments)}))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, description="measure moe layers",
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                            references=drift_references(rt, suite), description="measure moe layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = profile_drift(rt, suite)
+    drift = df.attrs["profile_drift"]
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["kernel_point"]) % len(generators)

@@ -19,6 +19,7 @@ from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
 from experiments.common import add_errors, measure_interleaved, print_table
+from sim.calibration import DriftReference, drift_summary
 from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 
 
@@ -50,13 +51,22 @@ def predict_workloads(model: CostModel, workloads: Sequence[Workload]) -> pd.Dat
 def evaluate_workloads(
     model: CostModel, workloads: Sequence[Workload], *, device: torch.device, timing: TimingConfig,
     description: str, progress: bool = True, peak_flops_per_s: float | None = None,
+    references: Sequence[DriftReference] = (),
 ) -> pd.DataFrame:
-    """Predicted (every level) and measured latency of every workload, with errors."""
+    """Predicted (every level) and measured latency of every workload, with errors.
+
+    ``references`` (profiled kernels, ``drift_references``) are timed in the same rounds as
+    the workloads, as the profile timed them (no layer-style cache eviction); how fast they
+    ran against the profile is ``df.attrs["profile_drift"]`` ({} without references).
+    """
     predicted = predict_workloads(model, workloads)
-    measured = pd.DataFrame(measure_interleaved([w.run for w in workloads], device=device, timing=timing,
-                                                description=description, progress=progress))
+    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in references], device=device,
+                                timing=timing, description=description, progress=progress,
+                                evict=[timing.cold_cache] * len(workloads) + [False] * len(references))
+    measured = pd.DataFrame(timed[:len(workloads)])
     df = add_errors(pd.concat([predicted, measured], axis=1))
     df.attrs["rounds"] = timing.rounds
+    df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[len(workloads):]], references)
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
     if peak_flops_per_s:

@@ -101,3 +101,19 @@ def test_summary_warns_when_the_machine_drifted_from_its_profile(ratio, warned):
     with common.console.capture() as captured:
         common.print_summary(summ)
     assert ("not in the state it was profiled in" in captured.get()) == warned
+
+
+def test_summary_reports_errors_with_predictions_scaled_by_the_drift():
+    import pandas as pd
+
+    from experiments import common
+
+    df = pd.DataFrame({"pred_L3_s": [1.0, 2.0], "measured_s": [1.2, 2.6], "round_cv": [0.0, 0.0]})
+    df = common.add_errors(df, levels=["L3"])
+    summ = common.summary("x", "cpu", df, levels=["L3"], details={
+        "profile_drift": {"now_over_profile_median": 1.25, "now_over_profile_iqr": 0.0, "kernels": 2}})
+    assert summ["median_ape_pct"]["L3"] == pytest.approx((100 * 0.2 / 1.2 + 100 * 0.6 / 2.6) / 2)  # unscaled
+    scaled = summ["details"]["drift_scaled_ape_pct"]
+    assert scaled["factor"] == 1.25
+    assert scaled["max"]["L3"] == pytest.approx(100 * 0.05 / 1.2)  # 1.25 vs 1.2 (2.5 vs 2.6 is 3.8%)
+    assert scaled["median"]["L3"] == pytest.approx((100 * 0.05 / 1.2 + 100 * 0.1 / 2.6) / 2)
