@@ -39,11 +39,21 @@ class TraceMismatchError(RuntimeError):
 def predict_trace(
     model: CostModel, trace: Sequence[KernelSpec], levels: Sequence[str] = LEVELS, *, quiet: bool = False
 ) -> pd.DataFrame:
-    """Per-kernel predictions (seconds), one column per level, plus label and family."""
+    """Per-kernel predictions (seconds), one column per level, plus label and family.
+
+    With a cold-cache profile each kernel of the layer also pays the measured cold-call
+    overhead (``ceilings.cold_call_overhead_s``: code and small tensors out of cache after
+    the eviction a cold layer starts from) at the levels that model overheads (L2, L3);
+    L0 and L1 are FLOPs-only by definition.
+    """
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore", ExtrapolationWarning)
         pred = model.predict(trace, levels)
+    if model.fingerprint.cache == "cold":
+        extra_s = float(model.ceilings.get("cold_call_overhead_s", 0.0))
+        for lv in set(levels) & {"L2", "L3"}:
+            pred[lv] += extra_s
     pred.insert(0, "family", [s.family for s in trace])
     pred.insert(1, "kernel", [s.label() for s in trace])
     pred.insert(2, "flops", [s.flops() for s in trace])

@@ -30,7 +30,8 @@ def profile_root(tmp_path_factory):
 
 def test_bench_writes_a_profile_with_ceilings(profile_root):
     (folder,) = (profile_root / "profiles").iterdir()
-    assert json.loads((folder / "ceilings.json").read_text())["peak_flops_per_s"] > 0
+    ceilings = json.loads((folder / "ceilings.json").read_text())
+    assert ceilings["peak_flops_per_s"] > 0 and ceilings["cold_call_overhead_s"] >= 0
     assert (folder / "measurements.csv").read_text().count("\n") > 20
     assert json.loads((folder / "provenance.json").read_text())[0]["suite"] == "quick"
 

@@ -94,3 +94,17 @@ def test_profile_kernels_follow_current_byte_formulas(profile):
                                   "bytes_moved": 1.0, "median_s": 1e-5, "iqr_s": 0.0, "noisy": False}])
     row = profile.kernels().iloc[0]
     assert row["bytes_moved"] == spec.bytes_moved() == 4 * (8 * 16 + 2 * 16 * 32 + 8 * 32)
+
+
+def test_layer_predictions_add_the_cold_call_overhead_per_kernel(profile):
+    from sim.simulator import predict_trace
+
+    _fill(profile, 30)
+    profile.write_ceilings({**CEIL, "cold_call_overhead_s": 5e-5})
+    model = CostModel.fit_profile(profile, cv_folds=3)
+    trace = [GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)]
+    in_layer, bare = predict_trace(model, trace), model.predict(trace)
+    assert np.allclose(in_layer["L3"] - bare["L3"], 5e-5) and np.allclose(in_layer["L2"] - bare["L2"], 5e-5)
+    assert np.allclose(in_layer["L0"], bare["L0"]) and np.allclose(in_layer["L1"], bare["L1"])
+    warm = replace(model, fingerprint=replace(model.fingerprint, cache="warm"))
+    assert np.allclose(predict_trace(warm, trace)["L3"], bare["L3"])
