@@ -53,7 +53,7 @@ def _row(m: Measurement) -> dict[str, Any]:
 
 
 def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> dict[str, Any]:
-    """Measure peak FLOP/s, bandwidth and per-call overhead on ``device`` in ``dtype``.
+    """Measure peak FLOP/s, bandwidth, per-call and cold-call overhead on ``device`` in ``dtype``.
 
     A roof is the best the device achieves, so each is the best median over a few sizes
     measured in ``timing.rounds`` separate passes (a shared machine's slow spells would
@@ -80,6 +80,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
 
     x = torch.ones(1, device=device, dtype=torch_dtype)
     m_tiny = measure(lambda: x + x, device=device, config=timing)
+    cold = measure_cold_call_overhead(device, dtype, timing)
 
     units = (
         torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
@@ -92,11 +93,13 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
         "peak_flops_per_s": peak,
         "bandwidth_bytes_per_s": bandwidth,
         "overhead_s": m_tiny.median_s,
+        "cold_call_overhead_s": cold["cold_call_overhead_s"],
         "ridge_flops_per_byte": peak / bandwidth,
         "evidence": {
             "gemm": gemm_rows,
             "copy": copy_rows,
             "tiny_add": _row(m_tiny),
+            "cold_chain": cold["evidence"],
         },
     }
 
@@ -142,7 +145,7 @@ def ensure_ceilings(
         print("measuring ceilings (peak matmul FLOP/s, copy bandwidth, per-call overhead)", flush=True)
         ceilings = measure_ceilings(device, dtype, timing)
         profile.write_ceilings(ceilings)
-    if "cold_call_overhead_s" not in ceilings:  # profiles measured before this ceiling existed
+    if "cold_call_overhead_s" not in ceilings:  # profiles measured before this ceiling existed: add it
         print("measuring the cold-call overhead (small ops after evicting the caches)", flush=True)
         cold = measure_cold_call_overhead(device, dtype, timing)
         ceilings = {**ceilings, "cold_call_overhead_s": cold["cold_call_overhead_s"],

@@ -133,9 +133,12 @@ class DeviceProfile:
         ``round_cv`` the coefficient of variation of the round medians (run-to-run noise),
         ``iqr_s`` the median within-round IQR, ``noisy`` whether any round was flagged.
         """
+        return self._kernels_and_specs()[0]
+
+    def _kernels_and_specs(self) -> tuple[pd.DataFrame, list[KernelSpec]]:
         raw = self.measurements()
         if raw.empty:
-            return raw
+            return raw, []
         g = raw.groupby("key", sort=False)
         first = g.first()
         first["median_s"] = g["median_s"].median()
@@ -150,7 +153,7 @@ class DeviceProfile:
         specs = [from_record(r) for r in table.to_dict("records")]
         table["flops"] = [s.flops() for s in specs]
         table["bytes_moved"] = [s.bytes_moved() for s in specs]
-        return table
+        return table, specs
 
     def measured_rounds(self) -> set[tuple[str, int]]:
         """(key, round) pairs already in the profile."""
@@ -182,7 +185,8 @@ class DeviceProfile:
         return len(new)
 
     def specs(self) -> list[KernelSpec]:
-        return [from_record(r) for r in self.kernels().to_dict("records")]
+        """One descriptor per measured kernel, in ``kernels()`` order."""
+        return self._kernels_and_specs()[1]
 
     # ------------------------------------------------------------------ skipped
     def skipped(self) -> pd.DataFrame:

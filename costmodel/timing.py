@@ -42,11 +42,6 @@ class TimingConfig:
     retries: int = 2  # extra attempts for a noisy measurement
     rounds: int = 3  # separate passes over a suite or sweep; a kernel's value is the median of its rounds
 
-    def per_round(self) -> "TimingConfig":
-        """The budget of one of ``rounds`` passes: the time and the blocks split between
-        them (at least 3 blocks a round, so each round has a median and an IQR)."""
-        return replace(self, min_run_time_s=self.min_run_time_s / self.rounds,
-                       min_runs=max(3, -(-self.min_runs // self.rounds)))
     cuda_warmup_ms: float = 25.0  # do_bench's default warm-up budget
     cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
     cold_cache: bool = True  # CUDA: zero a buffer > L2 before each repeat; CPU: rotating operands (runners)
@@ -56,6 +51,12 @@ class TimingConfig:
     #: ``costmodel.runners.ARENA_BYTES``)
     cpu_evict_bytes: int = 128 * 1024 * 1024
     cpu_evict_max_calls: int = 40  # per-call timing with eviction: enough samples for a median
+
+    def per_round(self) -> "TimingConfig":
+        """The budget of one of ``rounds`` passes: the time and the blocks split between
+        them (at least 3 blocks a round, so each round has a median and an IQR)."""
+        return replace(self, min_run_time_s=self.min_run_time_s / self.rounds,
+                       min_runs=max(3, -(-self.min_runs // self.rounds)))
 
     def __post_init__(self) -> None:
         if self.min_run_time_s <= 0:

@@ -147,6 +147,8 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         for lv in levels
     }
     out["details"] = dict(details or {})
+    if df.attrs.get("profile_drift") and "profile_drift" not in out["details"]:  # set by evaluate_workloads
+        out["details"]["profile_drift"] = df.attrs["profile_drift"]
     drift = out["details"].get("profile_drift") or {}
     if drift:
         factor = drift["now_over_profile_median"]

@@ -123,13 +123,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
                             references=drift_references(rt, suite), description="measure workloads",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = df.attrs["profile_drift"]
     classes = class_table(df)
     classes.to_csv(out / "classes.csv", index=False)
     pooled = r_squared(df["measured_s"].to_numpy(), df["flops"].to_numpy() / proportional_rate(
         df["flops"].to_numpy(), df["measured_s"].to_numpy()))
     summ = summary("flops_spectrum", rt.fingerprint.describe(), df, details={
-        "profile_drift": drift,
         "classes": classes.to_dict("records"), "r2_flops_device_rate_all": pooled,
         "r2_log_latency_on_log_flops_all": float(np.corrcoef(np.log(df["flops"]), np.log(df["measured_s"]))[0, 1] ** 2),
     })

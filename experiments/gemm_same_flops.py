@@ -54,13 +54,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
                             references=drift_references(rt, suite), description="measure gemms",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=ceilings["peak_flops_per_s"])
-    drift = df.attrs["profile_drift"]
     df["ai_over_ridge"] = df["intensity_flops_per_byte"] / ceilings["ridge_flops_per_byte"]
     df["roofline_bound_gflops"] = np.minimum(ceilings["peak_flops_per_s"],
                                              ceilings["bandwidth_bytes_per_s"] * df["intensity_flops_per_byte"]) / 1e9
     spread = df.groupby("flops_level")["measured_s"].agg(lambda s: float(s.max() / s.min()))
     summ = summary("gemm_same_flops", rt.fingerprint.describe(), df, details={
-        "profile_drift": drift,
         "peak_gflops": ceilings["peak_flops_per_s"] / 1e9, "ridge_flops_per_byte": ceilings["ridge_flops_per_byte"],
         "latency_spread_at_equal_flops": {str(k): v for k, v in spread.items()},
         "mfu_by_shape": df.groupby("shape")["mfu"].median().to_dict(),

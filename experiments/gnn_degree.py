@@ -92,7 +92,6 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
                             references=drift_references(rt, suite), description="measure gnn layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = df.attrs["profile_drift"]
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["kernel_point"]) % len(graphs)
@@ -102,7 +101,6 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     winners = df[df["winner"]][["value", "degree_cv", "backend"]]
     summ = summary("gnn_degree", rt.fingerprint.describe(), df, details={
-        "profile_drift": drift,
         "layer": {k: cfg["gnn"][k] for k in ("num_nodes", "num_edges", "in_features", "out_features", "kind",
                                               "aggregation", "edge_order")},
         "graph": cfg["graph"]["generator"]["_target_"], "sweep_param": cfg["graph"]["sweep"]["param"],

@@ -52,12 +52,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
                             references=drift_references(rt, suite), description="measure mlp",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = df.attrs["profile_drift"]
     first = df.iloc[0]
     df["flops_vs_first"] = df["flops"] / first["flops"]
     df["latency_vs_first"] = df["measured_s"] / first["measured_s"]
     summ = summary("mlp_batch", rt.fingerprint.describe(), df, details={
-        "profile_drift": drift,
         "d_model": cfg["mlp"]["d_model"], "d_hidden": cfg["mlp"]["d_hidden"],
         "flops_growth": float(df["flops_vs_first"].iloc[-1]), "latency_growth": float(df["latency_vs_first"].iloc[-1]),
         "achieved_gflops_first_last": [float(df["achieved_gflops"].iloc[0]), float(df["achieved_gflops"].iloc[-1])],

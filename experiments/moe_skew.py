@@ -87,7 +87,6 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
                             references=drift_references(rt, suite), description="measure moe layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    drift = df.attrs["profile_drift"]
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["kernel_point"]) % len(generators)
@@ -96,7 +95,6 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
-        "profile_drift": drift,
         "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
         "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
         "capacity_factor": capacity, "backends": [c.backend for c in configs], "unavailable_backends": unavailable,
