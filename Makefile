@@ -14,7 +14,7 @@ TORCH_SPEC ?= $(if $(HAS_NVIDIA),torch,torch==2.13.0)
 PIP_EXTRA ?=
 WITH_TORCH_SCATTER ?= 1
 
-.PHONY: setup run test test-all bench fit experiments clean
+.PHONY: setup run test test-all bench fit experiments gpu-wheels gpu-dry-run clean
 
 setup: $(VENV)/.setup-done
 
@@ -49,5 +49,19 @@ fit: setup
 experiments: setup  ## every experiment, one after the other (Hydra multirun)
 	$(BIN)/python -m sim -m 'experiment=glob(*)'
 
+# The lent GPU machine's image lacks these pure-Python packages and reaches no index: they travel
+# as wheels in .whl/ (git-ignored; name `.whl` in the device call's carry). See scripts/gpu_check.sh.
+GPU_WHEELS ?= hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3
+
+gpu-wheels:         ## the wheels scripts/gpu_check.sh installs on the GPU machine (no index there)
+	rm -rf .whl && mkdir -p .whl
+	$(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir .whl $(GPU_WHEELS)
+	@ls .whl
+
+gpu-dry-run: setup gpu-wheels  ## scripts/gpu_check.sh on the CPU, in a venv with only the GPU image's packages
+	$(BIN)/python scripts/image_venv.py .venv-image
+	rm -rf gpu_dry_out
+	DRY_RUN=1 PY=$(CURDIR)/.venv-image/bin/python OUT=$(CURDIR)/gpu_dry_out scripts/gpu_check.sh
+
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) .venv-image .whl gpu_out gpu_dry_out outputs multirun .pytest_cache

@@ -1,24 +1,183 @@
 #!/usr/bin/env bash
-# The CUDA path of the suite and the experiments, in one run, for a lent GPU machine.
-# Writes under $OUT (default ./gpu_out): the device profile, the fit report, each experiment's
-# outputs, the device fingerprint, and everything again as one gpu_results.tar.gz.
-set -euo pipefail
+# The CUDA path of the project in one run, for a lent GPU machine (an H200 with this workplace's
+# 'cuda' image: Python 3.12, its own torch 2.11 + CUDA 13, pandas, scikit-learn, scipy, matplotlib,
+# rich, pytest, transformers and torch-geometric, but no hydra-core / omegaconf / antlr4, and no
+# package index). Nothing is installed from an index: the pure-Python wheels the image lacks travel
+# in .whl/ (`make gpu-wheels` here, then name `.whl` in the device call's carry) and are installed
+# with `pip install --no-index --no-deps --target`; the project runs from the source tree.
+#
+#   make gpu-wheels                                   # here, once: fills .whl/
+#   scripts/gpu_check.sh                              # there: writes under $OUT
+#   DRY_RUN=1 scripts/gpu_check.sh                    # here: the same script on the CPU, tiny sizes
+#   STAGES="moe_skew hf_moe" scripts/gpu_check.sh     # a rerun of some stages only (preflight always runs)
+#   EXTRA_moe_skew="moe.tokens=256" scripts/gpu_check.sh   # extra Hydra overrides for one stage
+#
+# Stages survive each other: each runs under its own time budget (`timeout`, SIGINT first so a
+# bench keeps what it measured), logs to its own file, and records its wall time and exit status
+# in wall.json; after every stage all outputs so far are packed again into gpu_results.tar.gz, so
+# a failure or a time-out in one stage still returns everything before it and the next stages
+# still run. The device tool returns at most 8 files from $OUT: this script writes 5
+# (gpu_results.tar.gz, wall.json, stages.txt, gpu_check.log, env.json).
+#
+# Planned device-time budget per stage on an H200 (seconds; the timeouts below; about 8 min in
+# all, of a 15-min lease, so a rerun fits). The GPU is quiet and CUDA-event timing is precise,
+# so kernels use a shorter do_bench budget (5 ms warm-up, 25 ms of repeats) and 2 rounds:
+#   preflight 30 | gpu_tests 45 | bench (ceilings + quick suite) 120 | fit 45 |
+#   moe_skew 60 | gnn_degree 45 | gemm_same_flops 15 | mlp_batch 15 |
+#   hf_moe 30 | pyg_conv 30 | placement 30            (the last three where their configs exist)
+set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+ROOT=$PWD
+DRY_RUN=${DRY_RUN:-0}
 PY=${PY:-python3}
-if ! $PY -c "import torch, hydra, sklearn, pandas, rich, pytest" 2>/dev/null; then
-  $PY -m pip install --quiet -e ".[test]" || $PY -m pip install --quiet numpy scipy scikit-learn hydra-core pandas matplotlib rich pytest
+WHEELS=${WHEELS:-$ROOT/.whl}
+OUT=${OUT:-$ROOT/gpu_out}
+if [ -z "${WORK:-}" ]; then   # staging: packed into $OUT after every stage, removed at the end
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia_smi.csv" || true
-COMMON="device=cuda dtype=bfloat16 profile.root=$OUT/profiles progress=false"
-export PYTHONPATH=$PWD
-t0=$(date +%s)
-$PY -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" || echo "gpu tests failed" | tee -a "$OUT/failures.txt"
-$PY -m costmodel bench device=cuda dtype=bfloat16 profile.root="$OUT/profiles" hydra.run.dir="$OUT/bench" 2>&1 | tee "$OUT/bench.log"
-$PY -m costmodel fit device=cuda dtype=bfloat16 profile.root="$OUT/profiles" hydra.run.dir="$OUT/fit" 2>&1 | tee "$OUT/fit.log"
-for exp in moe_skew gnn_degree gemm_same_flops mlp_batch; do
-  $PY -m sim experiment=$exp $COMMON hydra.run.dir="$OUT/$exp" 2>&1 | tee "$OUT/$exp.log" || echo "$exp failed" | tee -a "$OUT/failures.txt"
+mkdir -p "$OUT" "$WORK/logs"
+LOG=$OUT/gpu_check.log
+: > "$LOG"
+: > "$WORK/wall.tsv"
+say() { echo "[gpu_check $(date +%H:%M:%S)] $*" | tee -a "$LOG"; }
+
+# what the GPU run passes to every entry point (composed, not run, in the dry run too)
+GPU_COMMON=(device=cuda dtype=bfloat16 "profile.root=$WORK/profiles"
+            timing.rounds=2 ++timing.cuda_warmup_ms=5 ++timing.cuda_rep_ms=25)
+GPU_BENCH=(suite=quick bench.progress=false)
+if [ "$DRY_RUN" = "1" ]; then
+  # the same path on the CPU: float32, tiny sizes and timing budgets
+  COMMON=(device=cpu dtype=float32 "profile.root=$WORK/profiles"
+          timing.min_run_time_s=0.006 timing.min_runs=3 timing.rounds=1 timing.retries=0)
+  BENCH=(suite=tiny bench.progress=false)
+  declare -A SIZES=(
+    [moe_skew]="moe.tokens=64 moe.d_model=32 moe.d_ff=32 moe.num_experts=4 moe.top_k=2 routing.sweep.values=[0.0,3.0] measure.profile_iterations=2"
+    [gnn_degree]="gnn.num_nodes=512 gnn.num_edges=2048 gnn.in_features=8 gnn.out_features=8 gnn.backends=[index_add,sparse_csr] graph.sweep.values=[0.25,0.6] measure.profile_iterations=2"
+    [gemm_same_flops]="gemm.max_operand_bytes=1048576 gemm.flops_levels=[1.0]"
+    [mlp_batch]="mlp.d_model=32 mlp.d_hidden=64 mlp.batches=[1,8]"
+  )
+else
+  COMMON=("${GPU_COMMON[@]}")
+  BENCH=("${GPU_BENCH[@]}")
+  declare -A SIZES=()
+fi
+SCALE_BUDGET=${SCALE:-$([ "$DRY_RUN" = "1" ] && echo 3 || echo 1)}   # multiplies every stage budget (the CPU dry run: 3x)
+
+budget() { awk -v b="$1" -v s="$SCALE_BUDGET" 'BEGIN { v = b * s; if (v < 20) v = 20; printf "%d", v }'; }
+
+pack() {  # everything so far -> $OUT (atomic replace), plus the per-stage table
+  tar -czf "$OUT/.gpu_results.tar.gz.tmp" -C "$WORK" --exclude site --exclude wall.tsv . 2>>"$LOG" \
+    && mv "$OUT/.gpu_results.tar.gz.tmp" "$OUT/gpu_results.tar.gz"
+  "$PY" - "$WORK/wall.tsv" "$OUT/wall.json" "$OUT/stages.txt" <<'EOF' 2>>"$LOG" || true
+import json, sys
+rows = [line.rstrip("\n").split("\t") for line in open(sys.argv[1]) if line.strip()]
+stages = [{"stage": s, "status": st, "exit_code": int(rc), "wall_s": float(w), "budget_s": int(b)}
+          for s, st, rc, w, b in rows]
+total = sum(r["wall_s"] for r in stages)
+json.dump({"stages": stages, "total_wall_s": round(total, 1)}, open(sys.argv[2], "w"), indent=2)
+with open(sys.argv[3], "w") as f:
+    f.write(f"{'stage':<16}{'status':<10}{'wall s':>8}{'budget s':>10}\n")
+    for r in stages:
+        f.write(f"{r['stage']:<16}{r['status']:<10}{r['wall_s']:>8.1f}{r['budget_s']:>10d}\n")
+    f.write(f"{'total':<16}{'':<10}{total:>8.1f}\n")
+EOF
+}
+
+wanted() { [ -z "${STAGES:-}" ] || [ "$1" = preflight ] || [[ " $STAGES " == *" $1 "* ]]; }
+
+stage() {  # stage NAME BUDGET_S CMD...: run under a time budget, never stop the script
+  local name=$1 limit; limit=$(budget "$2"); shift 2
+  if ! wanted "$name"; then say "stage $name: not in STAGES, skipped"; return 0; fi
+  local extra_var="EXTRA_$name"
+  if [ -n "${!extra_var:-}" ]; then read -r -a extra <<<"${!extra_var}"; set -- "$@" "${extra[@]}"; fi
+  local log="$WORK/logs/$name.log" start end rc status
+  say "stage $name (budget ${limit}s): $*"
+  start=$(date +%s.%N)
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  case $rc in 0) status=ok ;; 124|137) status=timeout ;; *) status=failed ;; esac
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$status" "$rc" "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", b-a}')" "$limit" >> "$WORK/wall.tsv"
+  say "stage $name: $status (exit $rc); last lines:"
+  tail -n 15 "$log" | sed 's/^/    /' | tee -a "$LOG"
+  pack
+  return 0
+}
+
+# ------------------------------------------------------------------ set-up: wheels, no index
+say "python: $(command -v "$PY"); work dir: $WORK; out: $OUT; dry run: $DRY_RUN"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  say "installing $(ls "$WHEELS"/*.whl | xargs -n1 basename | tr '\n' ' ')from $WHEELS (no index)"
+  if ! PIP_NO_INDEX=1 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+       --target "$WORK/site" "$WHEELS"/*.whl >>"$LOG" 2>&1; then
+    say "FATAL: installing the carried wheels failed (see above)"; pack; exit 1
+  fi
+  export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+else
+  say "no wheels in $WHEELS (make gpu-wheels here, and carry .whl): using what $PY already has"
+  export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1 HYDRA_FULL_ERROR=1
+
+# ------------------------------------------------------------------ stages
+stage preflight 30 "$PY" - "$OUT/env.json" <<'EOF'
+"""Every module the project imports, and what this machine is."""
+import importlib, json, platform, sys
+mods = ["hydra", "omegaconf", "numpy", "scipy", "sklearn", "pandas", "matplotlib", "rich", "pytest", "torch",
+        "costmodel.bench_command", "costmodel.fit_command", "sim.api", "experiments.common"]
+versions = {m: getattr(importlib.import_module(m), "__version__", "") for m in mods}
+import torch
+env = {"python": sys.version, "platform": platform.platform(), "versions": versions,
+       "cuda_available": torch.cuda.is_available(), "torch_cuda": torch.version.cuda}
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    env.update(device=p.name, capability=list(torch.cuda.get_device_capability(0)), sms=p.multi_processor_count,
+               memory_gib=round(p.total_memory / 2**30, 1))
+for opt in ("transformers", "torch_geometric", "torch_scatter", "triton"):
+    try:
+        env["versions"][opt] = importlib.import_module(opt).__version__
+    except Exception as err:  # optional: reported, never fatal
+        env["versions"][opt] = f"absent ({type(err).__name__})"
+json.dump(env, open(sys.argv[1], "w"), indent=2)
+print(json.dumps(env, indent=2))
+EOF
+if ! grep -q $'^preflight\tok' "$WORK/wall.tsv"; then
+  say "FATAL: preflight failed: the project cannot import here; later stages skipped"; exit 1
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem \
+  --format=csv >"$WORK/logs/nvidia_smi.csv" 2>&1
+
+if [ "$DRY_RUN" = "1" ]; then  # the GPU run's own overrides must compose: a typo there would cost a lease
+  stage gpu_overrides 20 "$PY" - "${GPU_COMMON[*]}" "${GPU_BENCH[*]}" <<'EOF'
+import sys
+from pathlib import Path
+from hydra import compose, initialize_config_dir
+common, bench = sys.argv[1].split(), sys.argv[2].split()
+conf = str(Path("conf").resolve())
+with initialize_config_dir(config_dir=conf, version_base=None):
+    compose("bench", overrides=common + bench)
+    compose("fit", overrides=common)
+    for exp in sorted(p.stem for p in Path(conf, "experiment").glob("*.yaml")):
+        compose("config", overrides=[f"experiment={exp}", *common, "progress=false"])
+        print("composes:", exp)
+EOF
+fi
+stage gpu_tests 45 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_path.py
+stage bench 120 "$PY" -m costmodel bench "${COMMON[@]}" "${BENCH[@]}" "hydra.run.dir=$WORK/bench"
+stage fit 45 "$PY" -m costmodel fit "${COMMON[@]}" "hydra.run.dir=$WORK/fit"
+declare -A EXP_BUDGET=([moe_skew]=60 [gnn_degree]=45 [gemm_same_flops]=15 [mlp_batch]=15 [hf_moe]=30 [pyg_conv]=30 [placement]=30)
+for exp in moe_skew gnn_degree gemm_same_flops mlp_batch hf_moe pyg_conv placement; do
+  if [ ! -f "conf/experiment/$exp.yaml" ]; then
+    say "stage $exp: no conf/experiment/$exp.yaml in this tree, skipped"; continue
+  fi
+  if [ "$DRY_RUN" = "1" ] && [ -z "${SIZES[$exp]:-}" ]; then
+    say "stage $exp: no tiny sizes for the dry run in this script, skipped"; continue
+  fi
+  read -r -a sizes <<<"${SIZES[$exp]:-}"
+  stage "$exp" "${EXP_BUDGET[$exp]}" "$PY" -m sim "experiment=$exp" "${COMMON[@]}" progress=false "${sizes[@]}" "hydra.run.dir=$WORK/$exp"
 done
-echo "wall_s=$(( $(date +%s) - t0 ))" > "$OUT/wall.txt"
-tar -czf "$OUT/gpu_results.tar.gz" -C "$OUT" --exclude gpu_results.tar.gz .
+cp "$LOG" "$WORK/logs/gpu_check.log" 2>/dev/null
+pack
+say "done: $(grep -c $'\tok\t' "$WORK/wall.tsv") stages ok of $(wc -l < "$WORK/wall.tsv"); outputs in $OUT"
+cat "$OUT/stages.txt" | tee -a "$LOG"
