@@ -65,6 +65,8 @@ class CostModel:
     levels: dict[str, Any]
     profile_hash: str
     meta: dict[str, Any] = field(default_factory=dict)
+    #: what the freshness check of this run saw and did (``costmodel.freshness``); not persisted
+    freshness: dict[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ fitting
     @classmethod

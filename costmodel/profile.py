@@ -9,7 +9,9 @@ A profile is a folder per device fingerprint under a root (config ``profile.root
                             ``kernels()`` combines a kernel's rounds into one row
         ceilings.json       measured peak FLOP/s, memory bandwidth, per-call overhead
         skipped.csv         kernels not measured (e.g. too large for memory) and why
-        provenance.json     every bench run that wrote here (command, config, versions)
+        provenance.json     every bench run that wrote here (command, config, versions), and
+                            every freshness refresh (when, why, the per-family drift:
+                            older rows of a refreshed family are scaled by it in fits)
 
 Every file is written atomically (temp file + ``os.replace``), so an interrupted run
 leaves the last complete table; a rerun resumes by skipping (kernel, round) pairs already
@@ -31,6 +33,7 @@ from typing import Any, Iterable
 import pandas as pd
 
 from costmodel.device import Fingerprint, ProfileMismatchError
+from costmodel.freshness import refresh_scale, refreshes
 from costmodel.kernels import KernelSpec, from_record
 
 MEASUREMENTS = "measurements.csv"
@@ -139,6 +142,12 @@ class DeviceProfile:
         raw = self.measurements()
         if raw.empty:
             return raw, []
+        # rows of a family refreshed since they were measured follow the machine (freshness.py)
+        scale = refresh_scale(raw, self.provenance())
+        if (scale != 1.0).any():
+            raw = raw.assign(median_s=raw["median_s"] * scale, refresh_scale=scale)
+            if "iqr_s" in raw:
+                raw["iqr_s"] = raw["iqr_s"] * scale
         g = raw.groupby("key", sort=False)
         first = g.first()
         first["median_s"] = g["median_s"].median()
@@ -214,6 +223,17 @@ class DeviceProfile:
         atomic_write_json(self.path / CEILINGS, ceilings)
 
     # ------------------------------------------------------------------ provenance
+    def provenance(self) -> list[dict[str, Any]]:
+        """Every run that wrote here, oldest first ([] when none)."""
+        file = self.path / PROVENANCE
+        if not file.exists():
+            return []
+        try:
+            runs = json.loads(file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ProfileError(f"{file} is corrupted: {err}") from None
+        return runs if isinstance(runs, list) else []
+
     def add_provenance(self, entry: dict[str, Any]) -> None:
         file = self.path / PROVENANCE
         runs = json.loads(file.read_text(encoding="utf-8")) if file.exists() else []
@@ -221,12 +241,16 @@ class DeviceProfile:
         atomic_write_json(file, runs)
 
     def content_hash(self) -> str:
-        """Hash of the measurements and ceilings: a fitted model records which data it saw."""
+        """Hash of the measurements, ceilings and refresh records: a fitted model records
+        which data it saw."""
         h = hashlib.sha256()
         for name in (MEASUREMENTS, CEILINGS):
             file = self.path / name
             if file.exists():
                 h.update(file.read_bytes())
+        records = refreshes(self.provenance())
+        if records:  # profiles never refreshed keep the hash they always had
+            h.update(json.dumps(records, sort_keys=True).encode())
         return h.hexdigest()[:16]
 
 

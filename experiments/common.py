@@ -9,6 +9,8 @@ summary.json has the same shape for every experiment::
 APE is the absolute percentage error of predicted vs measured latency over every row of
 results.csv; ``noise_cv_pct`` is the median, over rows, of the coefficient of variation
 of that row's per-round medians (run-to-run noise, which bounds any model's accuracy).
+``details.freshness`` is the check before the run (``costmodel.freshness``: per-family
+ratio of reference kernels timed then vs profiled, which families were re-measured);
 ``details.profile_drift`` is how fast the experiment's profiled kernels ran, timed in the
 same rounds as its layers, against the profile; ``details.drift_scaled_ape_pct`` the
 errors each level would have had with its predictions multiplied by that factor (what
@@ -55,6 +57,16 @@ def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
     path = Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """``calibration.refresh`` / ``calibration.tolerance`` as ``calibrated_model`` keywords,
+    validated (a bad value fails here, before any measuring)."""
+    from costmodel.freshness import DEFAULT_TOLERANCE, check_policy, check_tolerance
+
+    section = cfg.get("calibration") or {}
+    return {"refresh": check_policy(section.get("refresh", "auto")),
+            "tolerance": check_tolerance(section.get("tolerance", DEFAULT_TOLERANCE))}
 
 
 def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, Any]]:
@@ -149,6 +161,8 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
     out["details"] = dict(details or {})
     if df.attrs.get("profile_drift") and "profile_drift" not in out["details"]:  # set by evaluate_workloads
         out["details"]["profile_drift"] = df.attrs["profile_drift"]
+    if df.attrs.get("freshness") and "freshness" not in out["details"]:  # the check before the run
+        out["details"]["freshness"] = df.attrs["freshness"]
     drift = out["details"].get("profile_drift") or {}
     if drift:
         factor = drift["now_over_profile_median"]
@@ -224,6 +238,14 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     floor = summ["details"].get("noise_floor_median_ape_pct")
     if floor is not None:
         console.print(f"noise floor: a perfect model would score a median APE of ~{floor:.1f}% against these measurements")
+    fresh = summ["details"].get("freshness") or {}
+    if fresh.get("refreshed"):
+        console.print(f"profile refreshed before this run: {fresh['refreshed_kernels']} kernels of "
+                      f"{', '.join(fresh['stale_families'])} re-measured (drift then: "
+                      + ", ".join(f"{f} {fresh['family_ratio'].get(f, 1.0):.2f}x" for f in fresh["stale_families"]) + ")")
+    elif fresh.get("family_ratio"):
+        console.print(f"profile fresh before this run: every family within ±{100 * fresh['tolerance']:.0f}% "
+                      f"({fresh['checked_kernels']} reference kernels)")
     drift = summ["details"].get("profile_drift") or {}
     if drift:
         console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "
@@ -238,7 +260,7 @@ def print_summary(summ: Mapping[str, Any]) -> None:
             console.print(f"[yellow]warning: profile drift {ratio:.2f}x is outside [{1 / DRIFT_WARN_RATIO:.2f}, "
                           f"{DRIFT_WARN_RATIO:.2f}]: the device is not in the state it was profiled in (other work "
                           "running? a slow phase?), so prediction errors here measure the machine, not the model; "
-                          "rerun on a quiet machine or with calibration.refresh=true[/]")
+                          "rerun on a quiet machine or with calibration.refresh=always[/]")
 
 
 def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,

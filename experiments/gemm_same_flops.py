@@ -23,7 +23,7 @@ from costmodel.ceilings import device_memory_bytes  # noqa: E402
 from costmodel.runners import make_runner  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from costmodel.suite import equal_flops_trio, trio_flops  # noqa: E402
-from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
+from experiments.common import calibration_options, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
@@ -44,7 +44,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     suite = gemm_suite([s for _, _, s in shapes])
     model = calibrated_model(rt, suite, suite_name="gemm_same_flops",
                              progress=bool(cfg.get("progress", True)),
-                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
+                             **calibration_options(cfg))
     ceilings = model.ceilings
     workloads = [
         Workload(f"{name} {s.m}x{s.k}x{s.n}", [s], make_runner(s, rt.device, seed=rt.seed),

@@ -22,6 +22,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
+    calibration_options,
     console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
     print_table, summary, write_outputs,
 )
@@ -76,7 +77,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     cvs = [s["degree_cv"] for s in stats] + [s["out_degree_cv"] for s in stats]
     suite = gnn_suite(configs, num_edges=int(graphs[0][1].shape[1]), cv_range=(min(cvs), max(cvs)))
     model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
-                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
+                             **calibration_options(cfg))
 
     x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.runtime import Runtime  # noqa: E402
-from experiments.common import console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
+from experiments.common import calibration_options, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
@@ -42,7 +42,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     gemms = [s for t in traces for s in t if s.family == "gemm"]
     suite = gemm_suite(gemms) + small_op_suite([s for t in traces for s in t])
     model = calibrated_model(rt, suite, suite_name="mlp_batch", progress=bool(cfg.get("progress", True)),
-                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
+                             **calibration_options(cfg))
     module = MLP(configs[-1], device=rt.device, seed=rt.seed)  # weights shared by every batch size
     gen = torch.Generator().manual_seed(rt.seed)
     workloads = []

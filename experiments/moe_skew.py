@@ -22,6 +22,7 @@ from omegaconf import OmegaConf  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
+    calibration_options,
     console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
     print_table, summary, write_outputs,
 )
@@ -68,7 +69,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     suite = moe_suite(configs)
     model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)),
-                             refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
+                             **calibration_options(cfg))
     base = configs[0]
     x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
         rt.device, getattr(torch, base.dtype))

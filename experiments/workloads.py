@@ -66,6 +66,7 @@ def evaluate_workloads(
     measured = pd.DataFrame(timed[:len(workloads)])
     df = add_errors(pd.concat([predicted, measured], axis=1))
     df.attrs["rounds"] = timing.rounds
+    df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[len(workloads):]], references)
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]

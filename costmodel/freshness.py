@@ -1,0 +1,212 @@
+"""Is this profile still true of this machine? Time a few of its kernels now, per family.
+
+A measured cost model is only as good as the freshness of its measurements: the development
+VM runs the same kernels 0.6-1.4x their profiled time from one hour to the next, and
+memory-bound and compute-bound families drift by different factors (one day: GNN
+aggregation 0.61x, GEMMs far less). So the check is per kernel family:
+
+1. ``pick_references``: up to ``per_family`` profiled kernels of every family in scope,
+   spread over the family's latency range (quantiles of the profiled median), between
+   ``min_s`` (5 us) and ``max_s`` (50 ms), where timing is cheap and clean;
+2. ``check_freshness``: time them now, in ``rounds`` interleaved passes, exactly as the
+   profile timed them (same runner, same cold-cache mode, the per-round budget), and take
+   per family the median of now / profiled;
+3. a family whose ratio is outside [1 / (1 + tolerance), 1 + tolerance] is *stale*.
+
+What a caller does with stale families (``sim.calibration.calibrated_model``): re-measure
+the kernels it needs of those families, and record a *refresh* in the profile's provenance
+(``record_refresh``): when, why, the per-family ratio. Rows of a refreshed family measured
+before the refresh, and not re-measured, enter later fits scaled by that ratio
+(``refresh_scale``), so the profile's coverage of shapes is kept while its level follows
+the machine; the stored measurements themselves are never rewritten.
+
+The default tolerance (``DEFAULT_TOLERANCE``) is chosen from the measured run-to-run noise
+of these per-family ratios on the development VM: see the README ("Stale profiles").
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.kernels import from_record
+from costmodel.runners import make_runner
+from costmodel.timing import TimingConfig, measure
+
+#: policies for ``calibration.refresh``
+POLICIES = ("never", "auto", "always")
+#: a family is stale when now/profiled leaves [1/(1+t), 1+t]; see the module docstring
+DEFAULT_TOLERANCE = 0.10
+REFRESH_COMMAND = "freshness refresh"
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+def check_policy(value: Any) -> str:
+    """``calibration.refresh`` as one of POLICIES (true/false accepted as always/never)."""
+    if value is True:
+        return "always"
+    if value is False or value is None:
+        return "never"
+    if isinstance(value, str) and value.lower() in POLICIES:
+        return value.lower()
+    raise ValueError(f"calibration.refresh must be one of {list(POLICIES)} (or true/false), got {value!r}")
+
+
+def check_tolerance(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 10:
+        raise ValueError(f"calibration.tolerance must be a number in (0, 10) (0.1 = 10% either way), got {value!r}")
+    return float(value)
+
+
+@dataclass
+class FreshnessReport:
+    """What the check saw and did; ``to_dict`` goes into summary.json ``details.freshness``."""
+
+    policy: str
+    tolerance: float
+    checked_kernels: int = 0
+    family_ratio: dict[str, float] = field(default_factory=dict)  # median now / profiled
+    family_iqr: dict[str, float] = field(default_factory=dict)
+    family_kernels: dict[str, int] = field(default_factory=dict)
+    stale_families: list[str] = field(default_factory=list)
+    refreshed_kernels: int = 0
+    refreshed_at: str | None = None
+    check_wall_s: float = 0.0
+    refresh_wall_s: float = 0.0
+    written_on_other_host: bool = False
+    note: str = ""
+
+    @property
+    def refreshed(self) -> bool:
+        return self.refreshed_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "refreshed": self.refreshed}
+
+    def describe(self) -> str:
+        if not self.family_ratio:
+            return f"profile freshness ({self.policy}): {self.note or 'nothing to check'}"
+        ratios = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.family_ratio.items()))
+        head = (f"profile freshness ({self.policy}, tolerance ±{100 * self.tolerance:.0f}%): {self.checked_kernels} "
+                f"reference kernels timed now vs profiled, per family: {ratios}")
+        if self.stale_families:
+            head += f"; stale: {', '.join(self.stale_families)}"
+        else:
+            head += "; every family within tolerance"
+        if self.written_on_other_host:
+            head += " (profile written on another host of the same fingerprint)"
+        return head
+
+
+def pick_references(kernels: pd.DataFrame, *, keys: Iterable[str] | None = None, per_family: int = 4,
+                    min_s: float = 5e-6, max_s: float = 5e-2) -> pd.DataFrame:
+    """Up to ``per_family`` rows of ``kernels`` per family (restricted to ``keys`` when
+    given), spread over the family's latency range; deterministic."""
+    if kernels.empty:
+        return kernels
+    rows = kernels if keys is None else kernels[kernels["key"].isin(set(keys))]
+    rows = rows[rows["median_s"].between(min_s, max_s)]
+    picked = []
+    for _, g in rows.groupby("family", sort=True):
+        g = g.sort_values(["median_s", "key"])
+        idx = np.unique(np.linspace(0, len(g) - 1, min(per_family, len(g))).round().astype(int))
+        picked.append(g.iloc[idx])
+    return pd.concat(picked, ignore_index=True) if picked else rows.iloc[:0]
+
+
+def time_references(references: pd.DataFrame, *, device: torch.device, timing: TimingConfig,
+                    rounds: int = 2) -> np.ndarray:
+    """Seconds now per reference row: median over ``rounds`` interleaved passes, each with
+    the per-round budget the profile was measured with."""
+    runners = [make_runner(from_record(rec), device, cold=timing.cold_cache) for rec in references.to_dict("records")]
+    per_round = replace(timing.per_round(), retries=0)
+    times = np.empty((rounds, len(runners)))
+    for r in range(rounds):
+        for i, run in enumerate(runners):
+            times[r, i] = measure(run, device=device, config=per_round).median_s
+    return np.median(times, axis=0)
+
+
+def family_ratios(references: pd.DataFrame, now_s: Sequence[float]) -> pd.DataFrame:
+    """Per family: median and IQR of now / profiled, and how many kernels."""
+    frame = pd.DataFrame({"family": references["family"].to_numpy(),
+                          "ratio": np.asarray(now_s) / references["median_s"].to_numpy()})
+    g = frame.groupby("family")["ratio"]
+    return pd.DataFrame({"ratio": g.median(), "iqr": g.quantile(0.75) - g.quantile(0.25), "kernels": g.size()})
+
+
+def is_stale(ratio: float, tolerance: float) -> bool:
+    return not (1 / (1 + tolerance) <= ratio <= 1 + tolerance)
+
+
+def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: TimingConfig, policy: str = "auto",
+                    tolerance: float = DEFAULT_TOLERANCE, keys: Iterable[str] | None = None, per_family: int = 4,
+                    rounds: int = 2, last_host: str | None = None) -> FreshnessReport:
+    """Time up to ``per_family`` profiled kernels per family (of ``keys`` when given) now and
+    compare with the profile; ``stale_families`` lists those beyond ``tolerance``."""
+    report = FreshnessReport(policy=check_policy(policy), tolerance=check_tolerance(tolerance))
+    report.written_on_other_host = last_host is not None and last_host != socket.gethostname()
+    if report.policy == "never":
+        report.note = "not checked (calibration.refresh=never)"
+        return report
+    refs = pick_references(kernels, keys=keys, per_family=per_family)
+    if refs.empty:
+        report.note = "no profiled kernel of this suite to compare with yet"
+        return report
+    start = time.perf_counter()
+    ratios = family_ratios(refs, time_references(refs, device=device, timing=timing, rounds=rounds))
+    report.check_wall_s = time.perf_counter() - start
+    report.checked_kernels = int(len(refs))
+    report.family_ratio = {f: float(r) for f, r in ratios["ratio"].items()}
+    report.family_iqr = {f: float(r) for f, r in ratios["iqr"].items()}
+    report.family_kernels = {f: int(n) for f, n in ratios["kernels"].items()}
+    report.stale_families = sorted(f for f, r in report.family_ratio.items()
+                                   if report.policy == "always" or is_stale(r, report.tolerance))
+    return report
+
+
+def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str) -> dict[str, Any]:
+    """The provenance entry of a refresh: rows of ``families`` measured before ``at`` are
+    scaled by the family's ratio in later fits (1.0 where no reference was timed)."""
+    at = time.strftime(TIME_FORMAT)
+    report.refreshed_at = at
+    return {"command": REFRESH_COMMAND, "host": socket.gethostname(), "reason": reason,
+            "refresh": {"at": at, "tolerance": report.tolerance, "policy": report.policy,
+                        "family_scale": {f: report.family_ratio.get(f, 1.0) for f in families},
+                        "family_kernels": {f: report.family_kernels.get(f, 0) for f in families}}}
+
+
+def refreshes(provenance: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The refresh records of a profile's provenance, oldest first."""
+    return [dict(e["refresh"]) for e in provenance if e.get("command") == REFRESH_COMMAND and "refresh" in e]
+
+
+def refresh_scale(measurements: pd.DataFrame, provenance: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Per measured row: the product of the scales of every refresh of its family recorded
+    after the row was measured (1.0 for rows measured since, or never refreshed)."""
+    scale = np.ones(len(measurements))
+    if not len(measurements):
+        return scale
+    when = measurements["measured_at"].astype(str).to_numpy() if "measured_at" in measurements else None
+    family = measurements["family"].astype(str).to_numpy()
+    for rec in refreshes(provenance):
+        for fam, factor in rec.get("family_scale", {}).items():
+            hit = family == fam
+            if when is not None:
+                hit &= when < str(rec["at"])
+            scale[hit] *= float(factor)
+    return scale
+
+
+def last_writer_host(provenance: Sequence[Mapping[str, Any]]) -> str | None:
+    """Host of the latest provenance entry that names one (None for older profiles)."""
+    for entry in reversed(provenance):
+        if entry.get("host"):
+            return str(entry["host"])
+    return None

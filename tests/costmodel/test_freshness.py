@@ -1,0 +1,137 @@
+"""Freshness: stale families detected per family, refreshed, recorded; older rows follow the drift."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from costmodel.bench import SizeLimits, measure_specs
+from costmodel.freshness import (
+    check_freshness, check_policy, check_tolerance, is_stale, pick_references, refresh_entry, refresh_scale,
+    FreshnessReport,
+)
+from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
+from costmodel.runtime import Runtime
+from costmodel.timing import TimingConfig
+from sim.calibration import calibrated_model
+
+TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1)
+SUITE = [("grid", SortSpec(2048)), ("grid", SortSpec(8192)), ("grid", HistogramSpec(8192, 16)),
+         ("grid", GemmSpec(64, 64, 64)), ("grid", GemmSpec(128, 128, 128))] + \
+        [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)]
+
+
+def _cfg(root) -> dict:
+    return {"device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
+            "profile": {"root": str(root)},
+            "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": 1, "max_rel_iqr": 0.5},
+            "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}}
+
+
+@pytest.mark.parametrize("value,expected", [("auto", "auto"), ("ALWAYS", "always"), (True, "always"),
+                                            (False, "never"), (None, "never")])
+def test_policy_values(value, expected):
+    assert check_policy(value) == expected
+
+
+@pytest.mark.parametrize("bad", ["sometimes", 3, "true-ish"])
+def test_bad_policy_names_the_key_and_choices(bad):
+    with pytest.raises(ValueError, match=r"calibration.refresh must be one of \['never', 'auto', 'always'\]"):
+        check_policy(bad)
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, 10, "big", True])
+def test_bad_tolerance_names_the_key_and_range(bad):
+    with pytest.raises(ValueError, match=r"calibration.tolerance must be a number in \(0, 10\)"):
+        check_tolerance(bad)
+
+
+def test_stale_band_is_symmetric_in_ratio():
+    assert not is_stale(1.0, 0.1) and not is_stale(1.1, 0.1) and not is_stale(1 / 1.1, 0.1)
+    assert is_stale(1.11, 0.1) and is_stale(0.9, 0.1)  # 0.9 < 1/1.1 = 0.909
+
+
+def test_references_spread_over_each_family_and_respect_scope():
+    kernels = pd.DataFrame({"key": [f"g{i}" for i in range(10)] + ["s0", "s1", "tiny"],
+                            "family": ["gemm"] * 10 + ["sort"] * 2 + ["sort"],
+                            "median_s": [1e-4 * (i + 1) for i in range(10)] + [1e-3, 2e-3, 1e-7]})
+    refs = pick_references(kernels, per_family=3)
+    assert refs.groupby("family").size().to_dict() == {"gemm": 3, "sort": 2}  # 'tiny' is below min_s
+    assert refs[refs.family == "gemm"]["key"].tolist() == ["g0", "g4", "g9"]  # lowest, middle, highest
+    scoped = pick_references(kernels, keys={"g1", "s1"}, per_family=3)
+    assert sorted(scoped["key"]) == ["g1", "s1"]
+
+
+def test_refresh_scale_applies_to_older_rows_of_the_refreshed_family_only():
+    rows = pd.DataFrame({"family": ["gemm", "gemm", "sort", "gemm"],
+                         "measured_at": ["2026-01-01T00:00:00", "2026-03-01T00:00:00", "2026-01-01T00:00:00",
+                                         "2026-05-01T00:00:00"]})
+    prov = [{"command": "bench"},
+            {"command": "freshness refresh", "refresh": {"at": "2026-02-01T00:00:00", "family_scale": {"gemm": 0.5}}},
+            {"command": "freshness refresh", "refresh": {"at": "2026-04-01T00:00:00", "family_scale": {"gemm": 2.0}}}]
+    # row 0 precedes both refreshes (0.5 * 2.0), row 1 only the second, sort untouched, row 3 is newer
+    assert refresh_scale(rows, prov).tolist() == [1.0, 2.0, 1.0, 1.0]
+    assert refresh_scale(rows, prov[:2]).tolist() == [0.5, 1.0, 1.0, 1.0]
+
+
+@pytest.fixture
+def rt(tmp_path):
+    return Runtime.from_cfg(_cfg(tmp_path))
+
+
+def _scale_profile_times(profile, factor: float) -> None:
+    """Make the stored profile say every kernel took ``factor`` times as long (a stale profile)."""
+    file = profile.path / "measurements.csv"
+    frame = pd.read_csv(file)
+    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):
+        if col in frame:
+            frame[col] = frame[col] * factor
+    frame.to_csv(file, index=False)
+
+
+def test_a_profile_off_by_3x_is_stale_in_every_family(rt):
+    profile = rt.open_profile()
+    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    _scale_profile_times(profile, 3.0)
+    report = check_freshness(profile.kernels(), device=rt.device, timing=TIMING, tolerance=0.5)
+    assert set(report.family_ratio) == {"gemm", "sort", "histogram"}
+    assert report.stale_families == ["gemm", "histogram", "sort"]
+    assert all(r < 0.67 for r in report.family_ratio.values()), report.family_ratio  # ~1/3 each
+    assert check_freshness(profile.kernels(), device=rt.device, timing=TIMING, policy="never").family_ratio == {}
+
+
+def test_calibration_refreshes_stale_families_and_records_it(rt):
+    profile = rt.open_profile()
+    first = calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")
+    assert first.freshness["refreshed"] is False and first.freshness["note"].startswith("not checked")
+    _scale_profile_times(profile, 3.0)
+    model = calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="auto", tolerance=0.5)
+    fresh = model.freshness
+    assert fresh["refreshed"] and fresh["stale_families"] == ["gemm", "histogram", "sort"]
+    assert fresh["refreshed_kernels"] == len(SUITE)
+    entry = [e for e in profile.provenance() if e["command"] == "freshness refresh"][-1]
+    assert set(entry["refresh"]["family_scale"]) == {"gemm", "histogram", "sort"} and "beyond" in entry["reason"]
+    # every kernel was re-measured after the refresh: no row is scaled, and the 3x is gone
+    kernels = profile.kernels()
+    assert "refresh_scale" not in kernels or (kernels["refresh_scale"] == 1.0).all()
+    assert model.profile_hash == profile.content_hash()  # refitted on the refreshed data
+
+
+def test_rows_not_remeasured_follow_the_family_drift(rt):
+    profile = rt.open_profile()
+    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    before = profile.kernels().set_index("key")["median_s"]
+    hash_before = profile.content_hash()
+    report = FreshnessReport(policy="auto", tolerance=0.1, family_ratio={"sort": 0.5}, family_kernels={"sort": 2})
+    entry = refresh_entry(report, ["sort"], reason="test")
+    entry["refresh"]["at"] = "9999-01-01T00:00:00"  # every stored row is older
+    profile.add_provenance(entry)
+    after = profile.kernels().set_index("key")
+    sort_keys = [s.key() for _, s in SUITE if s.family == "sort"]
+    other = [s.key() for _, s in SUITE if s.family != "sort"]
+    assert after.loc[sort_keys, "median_s"].tolist() == pytest.approx((before[sort_keys] * 0.5).tolist())
+    assert after.loc[other, "median_s"].tolist() == pytest.approx(before[other].tolist())
+    assert profile.content_hash() != hash_before  # a fitted model sees the refresh as new data
