@@ -63,15 +63,30 @@ def family_table(frame: pd.DataFrame) -> Table:
     return table
 
 
+def selected_families(value: Any) -> list[str] | None:
+    """``bench.families``: null (every family of the suite), one family name, or a list of
+    names (checked against the suite by ``expand_suite``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # bench.families=gemm: one family, not the letters g, e, m, m
+        value = [value]
+    elif OmegaConf.is_list(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(f, str) for f in value):
+        raise ValueError(f"bench.families must be null (all), a family name or a non-empty list of family names, "
+                         f"got {value!r}")
+    return list(value)
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     suite = OmegaConf.to_container(cfg.suite, resolve=True)
     assert isinstance(suite, dict)
     rt = Runtime.from_cfg(cfg, timing_overrides=suite.get("timing"))
-    selected = cfg.bench.families
+    selected = selected_families(cfg.bench.families)
     tagged = expand_suite(
         suite,
         dtype=rt.dtype,
-        selected=list(selected) if selected is not None else None,
+        selected=selected,
         scatter_backends=scatter_backends_available(),
         memory_bytes=device_memory_bytes(rt.device),
     )
