@@ -95,6 +95,17 @@ def check_common(cfg: Mapping[str, Any]) -> torch.device:
     return device
 
 
+def validate_experiment(cfg: Any) -> None:
+    """Run ``experiments.<cfg.name>.validate(cfg)`` (every experiment module has one): the
+    validator ``costmodel.sweep_check.ValidateSweep`` applies to each job of a sweep."""
+    import importlib
+
+    name = cfg.get("name")
+    if not isinstance(name, str) or name == "???":
+        raise ValueError("name is not set: choose an experiment with experiment=NAME")
+    importlib.import_module(f"experiments.{name}").validate(cfg)
+
+
 def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
     """Hydra's run dir when launched by Hydra; else the given dir; else outputs/NAME/time."""
     if out_dir is None:

@@ -6,7 +6,7 @@ every experiment.
 
 Bad input (a ValueError naming the field) prints one line and exits with status 2
 (``costmodel.cli_errors``); in a ``-m`` sweep every job's config is validated before the
-first job runs (``experiments.sweep_check``, a Hydra callback in conf/config.yaml).
+first job runs (``costmodel.sweep_check``, a Hydra callback in conf/config.yaml).
 """
 
 from __future__ import annotations

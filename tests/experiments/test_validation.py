@@ -15,7 +15,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
 import sim.memory as memory
-from experiments.sweep_check import check_jobs, job_overrides, validate_experiment
+from costmodel.sweep_check import check_jobs, job_overrides
+from experiments.common import validate_experiment
 from tests.experiments.test_experiments import CONF, EXPERIMENTS, _cfg
 
 ROOT = Path(__file__).resolve().parents[2]

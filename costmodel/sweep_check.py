@@ -6,8 +6,11 @@ process before the sweeper and launcher start (so it works with any launcher: ba
 joblib, submitit): it expands the sweep overrides as Hydra's basic sweeper does
 (``hydra.sweeper.params`` plus the command line's overrides, cartesian product), composes
 each job's config with the same config loader the sweeper uses, and calls the validator
-on it (default: ``validate_experiment``, the experiment module's cheap ``validate(cfg)``,
-which builds configs and generators but measures nothing and changes no process state).
+on it: a function named by dotted path that builds configs and generators but measures
+nothing and changes no process state (``python -m sim``: the experiment module's
+``validate(cfg)`` via ``experiments.common.validate_experiment``; ``python -m costmodel
+bench``: ``costmodel.bench_command.validate``). Registered under ``hydra.callbacks`` in
+conf/config.yaml and conf/bench.yaml.
 
 Every invalid job is reported, one line each, naming the job's overrides and the error;
 then the run stops with exit status 2 before any job started (``HYDRA_FULL_ERROR=1``
@@ -17,7 +20,6 @@ raises the first error with its traceback instead). A sweep this callback cannot
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any, Callable
 
@@ -27,15 +29,6 @@ from omegaconf import DictConfig, OmegaConf
 from costmodel.cli_errors import USER_ERRORS, exit_for_user_error, full_error_wanted, one_line
 
 log = logging.getLogger(__name__)
-
-
-def validate_experiment(cfg: DictConfig) -> None:
-    """Run ``experiments.<cfg.name>.validate(cfg)`` (every experiment module has one)."""
-    name = cfg.get("name")
-    if not isinstance(name, str) or name == "???":
-        raise ValueError("name is not set: choose an experiment with experiment=NAME")
-    module = importlib.import_module(f"experiments.{name}")
-    module.validate(cfg)
 
 
 def job_overrides(config: DictConfig) -> list[list[str]]:
@@ -79,7 +72,7 @@ class ValidateSweep(Callback):
     ``validator`` is the dotted path of a function taking one job's composed config.
     """
 
-    def __init__(self, validator: str = "experiments.sweep_check.validate_experiment") -> None:
+    def __init__(self, validator: str) -> None:
         self.validator = validator
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
