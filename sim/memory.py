@@ -19,6 +19,9 @@ import torch
 
 from costmodel.ceilings import device_memory_bytes
 from costmodel.kernels import DTYPE_BYTES, INDEX_BYTES
+from sim.gnn_layer import GNNConfig
+from sim.mlp_layer import MLPConfig
+from sim.moe_layer import MoEConfig, _expert_projections
 
 #: share of the device's memory a run may plan to use: the rest is for the framework, the
 #: operating system, the timing harness's cache-eviction buffers and allocator slack
@@ -44,17 +47,15 @@ def combine(needs: Iterable[MemoryNeed]) -> MemoryNeed:
     return MemoryNeed(sum(n.weights_bytes for n in needs), max((n.activations_bytes for n in needs), default=0.0))
 
 
-def moe_need(cfg, *, max_rows_per_expert: int | None = None) -> MemoryNeed:
+def moe_need(cfg: MoEConfig, *, max_rows_per_expert: int | None = None) -> MemoryNeed:
     """One ``MoELayer`` (router + stacked expert projections) and its forward pass at the
     most concentrated routing: ``max_rows_per_expert`` (default all tokens) rows on the busiest expert."""
-    from sim.moe_layer import _expert_projections
-
     b = DTYPE_BYTES[cfg.dtype]
     T, D, F, E, k = cfg.tokens, cfg.d_model, cfg.d_ff, cfg.num_experts, cfg.top_k
     A = T * k
     proj = _expert_projections(cfg)
     weights = b * (D * E + E * sum(kk * nn for kk, nn in proj))
-    hidden_maps = len(proj)  # gate and up (or the first MLP GEMM) plus the activation's output
+    hidden_maps = 4 if cfg.expert == "swiglu" else 2  # gate, up, silu(gate), product | first GEMM, gelu
     max_n = T if max_rows_per_expert is None else max(1, min(T, max_rows_per_expert))
     rows = {"loop": max_n, "padded": E * max_n, "grouped": A}[cfg.backend]
     act = b * (2 * T * D + T * E + 3 * A * D + hidden_maps * rows * F)  # x, out, logits; x_sorted, y, weighted
@@ -64,7 +65,7 @@ def moe_need(cfg, *, max_rows_per_expert: int | None = None) -> MemoryNeed:
     return MemoryNeed(float(weights), float(act))
 
 
-def gnn_need(cfg, *, num_edges: int, graphs: int = 1) -> MemoryNeed:
+def gnn_need(cfg: GNNConfig, *, num_edges: int, graphs: int = 1) -> MemoryNeed:
     """``graphs`` layers of config ``cfg``, each bound to its own graph of ``num_edges`` edges
     (edge index, per-edge norms and, for sparse_csr, the CSR adjacency stay alive), plus one
     forward pass."""
@@ -79,7 +80,7 @@ def gnn_need(cfg, *, num_edges: int, graphs: int = 1) -> MemoryNeed:
     return MemoryNeed(float(weights), float(act))
 
 
-def mlp_need(cfg) -> MemoryNeed:
+def mlp_need(cfg: MLPConfig) -> MemoryNeed:
     """One ``MLP`` and its forward pass at its batch."""
     b = DTYPE_BYTES[cfg.dtype]
     weights = b * 2 * cfg.d_model * cfg.d_hidden

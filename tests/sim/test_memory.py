@@ -22,8 +22,8 @@ def test_padded_moe_activations_grow_with_the_busiest_expert():
     cfg = MoEConfig(tokens=64, d_model=8, d_ff=16, num_experts=4, top_k=2, backend="padded")
     spread, worst = moe_need(cfg, max_rows_per_expert=32), moe_need(cfg)
     assert worst.activations_bytes > spread.activations_bytes
-    # the hidden maps differ by 3 maps x E x (64 - 32) rows x F, the padded buffers by 2 x E x 32 x D
-    assert worst.activations_bytes - spread.activations_bytes == 4 * (3 * 4 * 32 * 16 + 2 * 4 * 32 * 8)
+    # SwiGLU's 4 hidden maps differ by E x (64 - 32) rows x F each, the padded buffers by 2 x E x 32 x D
+    assert worst.activations_bytes - spread.activations_bytes == 4 * (4 * 4 * 32 * 16 + 2 * 4 * 32 * 8)
 
 
 def test_mlp_and_gnn_needs():
