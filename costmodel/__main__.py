@@ -3,6 +3,8 @@
 - bench: measure this device's ceilings and a kernel suite into its profile;
 - fit: fit cost models L0-L3 on the profile and evaluate them on held-out shapes;
 - compare: median difference between two profiles' common kernels (run-to-run stability).
+
+Bad input prints one line (``error: ...``) and exits with status 2 (``costmodel.cli_errors``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from costmodel.cli_errors import report_user_errors
+
 USAGE = __doc__
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="bench")
+@report_user_errors
 def bench(cfg: DictConfig) -> None:
     from costmodel.bench_command import run
 
@@ -23,6 +28,7 @@ def bench(cfg: DictConfig) -> None:
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="fit")
+@report_user_errors
 def fit(cfg: DictConfig) -> None:
     from costmodel.fit_command import run
 
@@ -30,9 +36,16 @@ def fit(cfg: DictConfig) -> None:
 
 
 def compare(argv: list[str]) -> None:
+    from costmodel.cli_errors import USAGE_EXIT_CODE, USER_ERRORS, full_error_wanted, one_line
     from costmodel.compare import main
 
-    main(argv)
+    try:
+        main(argv)
+    except USER_ERRORS as err:  # not a Hydra app: print the one line ourselves
+        if full_error_wanted():
+            raise
+        print(one_line(err), file=sys.stderr)
+        sys.exit(USAGE_EXIT_CODE)
 
 
 def main() -> None:

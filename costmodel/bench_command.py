@@ -16,7 +16,7 @@ from costmodel.bench import measure_specs
 from costmodel.ceilings import device_memory_bytes, ensure_ceilings
 from costmodel.device import torch_scatter_version
 from costmodel.ops import scatter_backends_available
-from costmodel.runtime import Runtime
+from costmodel.runtime import Runtime, check_cfg, timing_config
 from costmodel.suite import expand_suite
 
 console = Console()
@@ -63,18 +63,44 @@ def family_table(frame: pd.DataFrame) -> Table:
     return table
 
 
+def selected_families(value: Any) -> list[str] | None:
+    """``bench.families``: null (every family of the suite), one family name, or a list of
+    names (checked against the suite by ``expand_suite``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):  # bench.families=gemm: one family, not the letters g, e, m, m
+        value = [value]
+    elif OmegaConf.is_list(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(f, str) for f in value):
+        raise ValueError(f"bench.families must be null (all), a family name or a non-empty list of family names, "
+                         f"got {value!r}")
+    return list(value)
+
+
+def validate(cfg: DictConfig) -> list[tuple[str, Any]]:
+    """Every check of ``run`` that measures nothing and sets nothing (also run on every job
+    of a ``-m`` sweep before the first starts): base keys with the suite's timing, the
+    families, and the whole suite expanded. Returns the (tag, descriptor) pairs."""
+    suite = OmegaConf.to_container(cfg.suite, resolve=True)
+    assert isinstance(suite, dict)
+    device = check_cfg(cfg)
+    timing_config({**OmegaConf.to_container(cfg.timing, resolve=True), **(suite.get("timing") or {})})  # type: ignore[arg-type]
+    return expand_suite(
+        suite,
+        dtype=str(cfg.dtype),
+        selected=selected_families(cfg.bench.families),
+        scatter_backends=scatter_backends_available(),
+        memory_bytes=device_memory_bytes(device),
+    )
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
+    tagged = validate(cfg)
     suite = OmegaConf.to_container(cfg.suite, resolve=True)
     assert isinstance(suite, dict)
     rt = Runtime.from_cfg(cfg, timing_overrides=suite.get("timing"))
-    selected = cfg.bench.families
-    tagged = expand_suite(
-        suite,
-        dtype=rt.dtype,
-        selected=list(selected) if selected is not None else None,
-        scatter_backends=scatter_backends_available(),
-        memory_bytes=device_memory_bytes(rt.device),
-    )
+    selected = selected_families(cfg.bench.families)
     profile = rt.open_profile()
     console.print(f"device: {rt.fingerprint.describe()}\nprofile: {profile.path}")
     start = time.perf_counter()

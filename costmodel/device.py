@@ -55,6 +55,15 @@ def check_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return torch_dtype
 
 
+def check_threads(threads: object, *, field: str = "threads") -> int | None:
+    """A CPU thread count (positive integer) or None for torch's default, else a ValueError."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"{field} must be a positive integer (>= 1) or null for torch's default, got {threads!r}")
+    return threads
+
+
 @lru_cache(maxsize=1)
 def _cpu_name() -> str:
     try:

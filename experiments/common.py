@@ -45,6 +45,67 @@ from costmodel.timing import TimingConfig, measure  # noqa: E402
 console = Console(width=160)
 
 
+def config_dict(cfg: Any) -> dict[str, Any]:
+    """A plain, resolved dict of an experiment's config (a composed DictConfig, with or
+    without Hydra's own ``hydra`` node, or a dict already)."""
+    from omegaconf import OmegaConf
+
+    if isinstance(cfg, dict):
+        return cfg
+    if "hydra" in cfg:  # a job config composed by a sweeper: Hydra's node resolves only inside a job
+        cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    return out
+
+
+def check_measure(cfg: Mapping[str, Any]) -> None:
+    """``measure.kernel_point`` (an index into the sweep, negative from the end) and
+    ``measure.profile_iterations`` (>= 1), where an experiment has them."""
+    meas = cfg.get("measure")
+    if meas is None:
+        return
+    point, iterations = meas.get("kernel_point", 0), meas.get("profile_iterations", 1)
+    if isinstance(point, bool) or not isinstance(point, int):
+        raise ValueError(f"measure.kernel_point must be an integer index into the sweep, got {point!r}")
+    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
+        raise ValueError(f"measure.profile_iterations must be a positive integer (>= 1), got {iterations!r}")
+
+
+def backend_list(value: Any, field: str) -> list[str]:
+    """A backends key: one name or a list of names (``moe.backends=loop`` is one backend)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise ValueError(f"{field} must be a backend name or a list of backend names, got {value!r}")
+
+
+def check_common(cfg: Mapping[str, Any]) -> torch.device:
+    """What every experiment's ``validate`` checks first: conf/base.yaml's keys
+    (``costmodel.runtime.check_cfg``, no side effects), ``progress``,
+    ``calibration.refresh`` and the ``measure`` block; returns the device."""
+    from costmodel.runtime import check_cfg
+
+    device = check_cfg(cfg)
+    if not isinstance(cfg.get("progress", True), bool):
+        raise ValueError(f"progress must be true or false, got {cfg.get('progress')!r}")
+    calibration_options(cfg)  # calibration.refresh and calibration.tolerance
+    check_measure(cfg)
+    return device
+
+
+def validate_experiment(cfg: Any) -> None:
+    """Run ``experiments.<cfg.name>.validate(cfg)`` (every experiment module has one): the
+    validator ``costmodel.sweep_check.ValidateSweep`` applies to each job of a sweep."""
+    import importlib
+
+    name = cfg.get("name")
+    if not isinstance(name, str) or name == "???":
+        raise ValueError("name is not set: choose an experiment with experiment=NAME")
+    importlib.import_module(f"experiments.{name}").validate(cfg)
+
+
 def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
     """Hydra's run dir when launched by Hydra; else the given dir; else outputs/NAME/time."""
     if out_dir is None:
@@ -69,14 +130,51 @@ def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
             "tolerance": check_tolerance(section.get("tolerance", DEFAULT_TOLERANCE))}
 
 
+#: arguments a generator gets from the experiment, never from its config section
+CALLER_ARGUMENTS = ("seed",)
+
+
+def generator_keys(section: Mapping[str, Any], what: str) -> list[str]:
+    """The keyword arguments ``section['generator']``'s ``_target_`` accepts from its config
+    (explicit parameters with a default or keyword-only, not the caller's ``seed``); a
+    missing or unknown target, or a key it does not take, is a ValueError naming them."""
+    import inspect
+
+    from hydra.utils import get_object
+
+    gen_cfg = section.get("generator")
+    if not isinstance(gen_cfg, Mapping) or not gen_cfg.get("_target_"):
+        raise ValueError(f"{what}.generator must be a mapping with a _target_ (see conf/{what}/*.yaml)")
+    target = str(gen_cfg["_target_"])
+    try:
+        obj = get_object(target)
+    except Exception as err:  # ImportError / AttributeError wrapped by Hydra
+        raise ValueError(f"{what}.generator._target_: cannot import {target!r}: {err.__cause__ or err}") from None
+    params = inspect.signature(obj).parameters.values()
+    allowed = [p.name for p in params
+               if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and (p.kind == p.KEYWORD_ONLY or p.default is not p.empty)
+               and p.name not in CALLER_ARGUMENTS]
+    unknown = [k for k in gen_cfg if not str(k).startswith("_") and k not in allowed]
+    if unknown:
+        raise ValueError(f"{what}.generator: {target} takes no key {', '.join(map(repr, unknown))}; "
+                         f"allowed: {allowed}")
+    return allowed
+
+
 def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, Any]]:
     """(sweep value, instantiated generator) per point of a generator config with a
-    ``sweep: {param, values}`` block; every value is validated before anything runs."""
+    ``sweep: {param, values}`` block; every key and value is validated before anything runs."""
     from hydra.utils import instantiate
 
-    param, values = section["sweep"]["param"], list(section["sweep"]["values"])
-    if not values:
-        raise ValueError(f"{what}.sweep.values must list at least one value")
+    allowed = generator_keys(section, what)
+    sweep = section.get("sweep")
+    if not isinstance(sweep, Mapping) or "param" not in sweep or "values" not in sweep:
+        raise ValueError(f"{what}.sweep must be a mapping with param and values")
+    param, values = sweep["param"], sweep["values"]
+    if param is not None and param not in allowed:
+        raise ValueError(f"{what}.sweep.param must be one of {allowed} (or null), got {param!r}")
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise ValueError(f"{what}.sweep.values must list at least one value, got {values!r}")
     out = []
     for v in values:
         overrides = {} if param is None else {param: v}

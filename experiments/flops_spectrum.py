@@ -21,15 +21,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel import ops  # noqa: E402
 from costmodel.kernels import GatherSpec, ScatterSpec  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
-from experiments.common import calibration_options, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
+from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, drift_references, small_op_suite  # noqa: E402
 from sim.graphs import degree_stats, rmat  # noqa: E402
+from sim.gnn_layer import GNNConfig  # noqa: E402
+from sim.memory import check_fits_device, combine, gnn_need, mlp_need, moe_need  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, moe_trace  # noqa: E402
 from sim.routing import ZipfRouting, route  # noqa: E402
@@ -48,33 +49,95 @@ def proportional_rate(flops: np.ndarray, latency: np.ndarray) -> float:
     return float((flops * flops).sum() / (flops * latency).sum())
 
 
+def _positive_ints(value: Any, field: str) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        raise ValueError(f"{field} must be a positive integer or a non-empty list of them, got {value!r}")
+    return values
+
+
+def mlp_configs(sp: dict, dt: str) -> list[tuple[str, MLPConfig]]:
+    """(class, config) of every dense and small-batch MLP of ``spectrum``."""
+    sizes = sp["dense_mlp"]["sizes"]
+    if not isinstance(sizes, list) or not sizes or any(not isinstance(p, list) or len(p) != 2 for p in sizes):
+        raise ValueError(f"spectrum.dense_mlp.sizes must be a non-empty list of [d_model, d_hidden] pairs, got {sizes!r}")
+    mlps = [("dense MLP", MLPConfig(sp["dense_mlp"]["batch"], d, h, dt)) for d, h in sizes]
+    s = sp["small_batch_mlp"]
+    mlps += [("small-batch MLP", MLPConfig(b, s["d_model"], s["d_hidden"], dt))
+             for b in _positive_ints(s["batches"], "spectrum.small_batch_mlp.batches")]
+    return mlps
+
+
+def moe_configs(sp: dict, dt: str) -> list[tuple[str, float, MoEConfig]]:
+    """(class, Zipf exponent, config) of every MoE point of ``spectrum``."""
+    m = sp["moe"]
+    out = []
+    for cls, key in (("MoE spread", "spread_exponent"), ("MoE concentrated", "concentrated_exponent")):
+        expo = m[key]
+        if isinstance(expo, bool) or not isinstance(expo, (int, float)) or not 0 <= expo <= 50:
+            raise ValueError(f"spectrum.moe.{key} must be a Zipf exponent in [0, 50], got {expo!r}")
+        for t in _positive_ints(m["tokens"], "spectrum.moe.tokens"):
+            out.append((cls, float(expo), MoEConfig(tokens=t, d_model=m["d_model"], d_ff=m["d_ff"],
+                                                    num_experts=m["num_experts"], top_k=m["top_k"],
+                                                    backend=m["backend"], dtype=dt)))
+    return out
+
+
+def gnn_points(sp: dict) -> tuple[int, int, list[int], list[tuple[str, float]]]:
+    """(nodes, width, edge counts, (class, R-MAT a) per class) of ``spectrum.gnn``."""
+    g = sp["gnn"]
+    n = _positive_ints(g["num_nodes"], "spectrum.gnn.num_nodes")[0]
+    width = _positive_ints(g["width"], "spectrum.gnn.width")[0]
+    edges = _positive_ints(g["edges"], "spectrum.gnn.edges")
+    classes = []
+    for cls, key in (("GNN agg uniform", "uniform_a"), ("GNN agg skewed", "skewed_a")):
+        a = g[key]
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:
+            raise ValueError(f"spectrum.gnn.{key} must be an R-MAT a in [0, 1], got {a!r}")
+        classes.append((cls, float(a)))
+    return n, width, edges, classes
+
+
+def validate(cfg: Any) -> None:
+    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
+    sweep before the first starts): base keys, every workload's config, and whether all
+    workloads (built side by side) fit the device's memory."""
+    cfg = config_dict(cfg)
+    device = check_common(cfg)
+    sp, dt = cfg["spectrum"], str(cfg["dtype"])
+    needs = [mlp_need(c) for _, c in mlp_configs(sp, dt)]
+    needs += [moe_need(c) for _, _, c in moe_configs(sp, dt)]
+    n, width, edges, classes = gnn_points(sp)
+    agg = GNNConfig(num_nodes=n, in_features=width, out_features=width, dtype=dt)
+    needs += [gnn_need(agg, num_edges=e) for e in edges for _ in classes]
+    check_fits_device(combine(needs), device, what="the workloads of flops_spectrum",
+                      knobs=["spectrum.dense_mlp.sizes", "spectrum.moe.d_model", "spectrum.gnn.edges"])
+
+
 def build_workloads(cfg: dict, rt: Runtime) -> tuple[list[Workload], list]:
     sp, dt, dev, gen = cfg["spectrum"], rt.dtype, rt.device, torch.Generator().manual_seed(rt.seed)
     tensor = lambda *shape: torch.randn(*shape, generator=gen).to(dev, getattr(torch, dt))  # noqa: E731
     workloads: list[Workload] = []
     suite: list = []
-    mlps = [("dense MLP", MLPConfig(sp["dense_mlp"]["batch"], d, h, dt)) for d, h in sp["dense_mlp"]["sizes"]]
-    s = sp["small_batch_mlp"]
-    mlps += [("small-batch MLP", MLPConfig(b, s["d_model"], s["d_hidden"], dt)) for b in s["batches"]]
+    mlps = mlp_configs(sp, dt)
     for cls, c in mlps:
         module, x = MLP(c, device=dev, seed=rt.seed), tensor(c.batch, c.d_model)
         trace = mlp_trace(c)
         workloads.append(Workload(f"{cls} B={c.batch} D={c.d_model}", trace, lambda m=module, x=x: m(x), {"class": cls}))
         suite += gemm_suite([k for k in trace if k.family == "gemm"]) + small_op_suite(trace)
-    m = sp["moe"]
-    for cls, expo in (("MoE spread", m["spread_exponent"]), ("MoE concentrated", m["concentrated_exponent"])):
-        for i, t in enumerate(m["tokens"]):
-            c = MoEConfig(tokens=t, d_model=m["d_model"], d_ff=m["d_ff"], num_experts=m["num_experts"], top_k=m["top_k"],
-                          backend=m["backend"], dtype=dt)
+    moes = moe_configs(sp, dt)
+    for cls, expo in dict.fromkeys((cls, expo) for cls, expo, _ in moes):
+        for i, c in enumerate(c for k, _, c in moes if k == cls):
+            t = c.tokens
             routing = route(ZipfRouting(float(expo)), tokens=t, num_experts=c.num_experts, top_k=c.top_k, seed=rt.seed + i)
             layer, x = MoELayer(c, device=dev, seed=rt.seed), tensor(t, c.d_model)
             workloads.append(Workload(f"{cls} T={t}", moe_trace(c, DispatchPlan.from_routing(routing)),
                                       lambda layer=layer, x=x, r=routing: layer(x, r), {"class": cls}))
             suite += moe_suite([c])
-    g = sp["gnn"]
-    n, width, cvs = g["num_nodes"], g["width"], []
-    for cls, a in (("GNN agg uniform", g["uniform_a"]), ("GNN agg skewed", g["skewed_a"])):
-        for i, e in enumerate(g["edges"]):
+    n, width, edges, classes = gnn_points(sp)
+    cvs: list[float] = []
+    for cls, a in classes:
+        for i, e in enumerate(edges):
             ei = rmat(n, e, a=float(a), b=None, c=None, d=None, seed=rt.seed + i)
             st = degree_stats(ei, n)
             cvs += [st["degree_cv"], st["out_degree_cv"]]
@@ -89,7 +152,7 @@ def build_workloads(cfg: dict, rt: Runtime) -> tuple[list[Workload], list]:
                     return ops.scatter(msg, dst, n, reduce="sum", backend="index_add")
 
             workloads.append(Workload(f"{cls} E={e}", trace, aggregate, {"class": cls, "degree_cv": st["degree_cv"]}))
-    suite += aggregation_suite(n, g["edges"], width, (min(cvs), max(cvs)), dt)
+    suite += aggregation_suite(n, edges, width, (min(cvs), max(cvs)), dt)
     return workloads, list(dict.fromkeys(suite))
 
 
@@ -114,7 +177,8 @@ def class_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    cfg = config_dict(cfg)
+    validate(cfg)
     rt = Runtime.from_cfg(cfg)
     out = output_dir(cfg, out_dir)
     workloads, suite = build_workloads(cfg, rt)

@@ -17,29 +17,43 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
+import torch  # noqa: E402
 
 from costmodel.ceilings import device_memory_bytes  # noqa: E402
 from costmodel.runners import make_runner  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from costmodel.suite import equal_flops_trio, trio_flops  # noqa: E402
-from experiments.common import calibration_options, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
+from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
 
-def trio_workloads(cfg: dict, rt: Runtime) -> list[tuple[str, float, Any]]:
-    levels = list(cfg["gemm"]["flops_levels"])
-    if not levels or any(not (0 < float(f) <= 1) for f in levels):
-        raise ValueError(f"gemm.flops_levels must be fractions in (0, 1], got {levels}")
-    top = trio_flops(device_memory_bytes(rt.device), rt.dtype, int(cfg["gemm"]["max_operand_bytes"]))
-    return [(name, float(f), spec) for f in levels for name, spec in equal_flops_trio(top * float(f), rt.dtype)]
+def trio_workloads(cfg: dict, device: torch.device) -> list[tuple[str, float, Any]]:
+    """(shape name, FLOP level, GEMM) per trio member and level; the levels and operand bound
+    validated, the largest trio sized to the device's memory (``trio_flops``)."""
+    levels, bound = cfg["gemm"]["flops_levels"], cfg["gemm"]["max_operand_bytes"]
+    levels = [levels] if isinstance(levels, (int, float)) else levels
+    if not isinstance(levels, list) or not levels or any(
+            isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in levels):
+        raise ValueError(f"gemm.flops_levels must be a non-empty list of fractions in (0, 1], got {levels!r}")
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1024:
+        raise ValueError(f"gemm.max_operand_bytes must be an integer >= 1024 (bytes), got {bound!r}")
+    dtype = str(cfg["dtype"])
+    top = trio_flops(device_memory_bytes(device), dtype, bound)
+    return [(name, float(f), spec) for f in levels for name, spec in equal_flops_trio(top * float(f), dtype)]
+
+
+def validate(cfg: Any) -> list[tuple[str, float, Any]]:
+    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
+    sweep before the first starts): base keys and the trio's levels. Returns the shapes."""
+    cfg = config_dict(cfg)
+    return trio_workloads(cfg, check_common(cfg))
 
 
 def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    cfg = config_dict(cfg)
+    shapes = validate(cfg)
     rt = Runtime.from_cfg(cfg)
-    shapes = trio_workloads(cfg, rt)
     out = output_dir(cfg, out_dir)
     suite = gemm_suite([s for _, _, s in shapes])
     model = calibrated_model(rt, suite, suite_name="gemm_same_flops",

@@ -17,24 +17,23 @@ import matplotlib
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    calibration_options,
-    console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    backend_list, calibration_options, check_common, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
     print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, backend_unavailable_reason, gnn_trace  # noqa: E402
-from sim.graphs import check_edge_index, degree_stats  # noqa: E402
+from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
+from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
 
 
 def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
     g = cfg["gnn"]
-    backends = list(g["backends"])
+    backends = backend_list(g["backends"], "gnn.backends")
     if not backends:
         raise ValueError("gnn.backends must list at least one of index_add, scatter_reduce, torch_scatter, sparse_csr")
     return [
@@ -44,24 +43,46 @@ def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
     ]
 
 
+def graph_sweep(cfg: Mapping[str, Any]) -> tuple[int, dict[str, bool], list[tuple[Any, Any]]]:
+    """(edges, graph options, (sweep value, generator) per point), all validated; nothing generated."""
+    num_edges = cfg["gnn"]["num_edges"]
+    if isinstance(num_edges, bool) or not isinstance(num_edges, int) or num_edges < 1:
+        raise ValueError(f"gnn.num_edges must be a positive integer (>= 1), got {num_edges!r}")
+    options = check_graph_options(cfg["graph"].get("options"))
+    return num_edges, options, instantiate_sweep(cfg["graph"], "graph")
+
+
 def make_graphs(cfg: Mapping[str, Any], seed: int) -> list[tuple[Any, torch.Tensor]]:
     """(sweep value, edge index) per point of the graph generator's sweep."""
-    g = cfg["gnn"]
-    num_edges = g["num_edges"]
-    if not isinstance(num_edges, int) or num_edges < 1:
-        raise ValueError(f"gnn.num_edges must be a positive integer (>= 1), got {num_edges!r}")
-    options = dict(cfg["graph"].get("options") or {})
+    num_nodes = cfg["gnn"]["num_nodes"]
+    num_edges, options, sweep = graph_sweep(cfg)
     graphs = []
-    for i, (value, gen) in enumerate(instantiate_sweep(cfg["graph"], "graph")):
-        edge_index = gen(g["num_nodes"], num_edges, seed=seed + i, **options)
-        check_edge_index(edge_index, g["num_nodes"])
+    for i, (value, gen) in enumerate(sweep):
+        edge_index = gen(num_nodes, num_edges, seed=seed + i, **options)
+        check_edge_index(edge_index, num_nodes)
         graphs.append((value, edge_index))
     return graphs
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+def validate(cfg: Any) -> list[GNNConfig]:
+    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
+    sweep before the first starts): base keys, layer configs, the graph generator, its
+    sweep and options, and whether the layers fit the device's memory. Returns the configs."""
+    cfg = config_dict(cfg)
+    device = check_common(cfg)
     configs = gnn_configs(cfg, str(cfg["dtype"]))
+    num_edges, options, sweep = graph_sweep(cfg)
+    edges_bound = num_edges * (2 if options.get("undirected") else 1)  # undirected adds the reversed edges
+    check_fits_device(combine(gnn_need(c, num_edges=edges_bound, graphs=len(sweep)) for c in configs), device,
+                      what=f"the GNN layers of gnn_degree ({len(configs)} backends x {len(sweep)} graphs)",
+                      knobs=["gnn.num_nodes", "gnn.num_edges", "gnn.in_features", "gnn.out_features",
+                             "graph.sweep.values", "gnn.backends"])
+    return configs
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    configs = validate(cfg)
     rt = Runtime.from_cfg(cfg)
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c))}
     for backend, reason in unavailable.items():
@@ -69,7 +90,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
         raise ValueError(f"no requested GNN backend can run here: {unavailable}")
-    graphs = make_graphs(cfg, rt.seed)  # validates the sweep and every edge index before any timing
+    graphs = make_graphs(cfg, rt.seed)  # every edge index checked before any timing
     meas = cfg["measure"]
     out = output_dir(cfg, out_dir)
     base = configs[0]

@@ -16,26 +16,40 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.runtime import Runtime  # noqa: E402
-from experiments.common import calibration_options, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
+from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
+from sim.memory import check_fits_device, mlp_need  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
 
 
 def mlp_configs(cfg: dict) -> list[MLPConfig]:
     m = cfg["mlp"]
-    batches = list(m["batches"])
+    batches = m["batches"]
+    batches = [batches] if isinstance(batches, int) else list(batches)
     if not batches:
         raise ValueError("mlp.batches must list at least one batch size")
     return [MLPConfig(batch=b, d_model=m["d_model"], d_hidden=m["d_hidden"], dtype=str(cfg["dtype"])) for b in batches]
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+def validate(cfg: Any) -> list[MLPConfig]:
+    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
+    sweep before the first starts): base keys, the MLP sizes and batches, and whether the
+    largest batch fits the device's memory. Returns the configs."""
+    cfg = config_dict(cfg)
+    device = check_common(cfg)
     configs = mlp_configs(cfg)
+    largest = max(configs, key=lambda c: c.batch)
+    check_fits_device(mlp_need(largest), device, what=f"the MLP of mlp_batch at batch {largest.batch}",
+                      knobs=["mlp.d_model", "mlp.d_hidden", "mlp.batches"])
+    return configs
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    configs = validate(cfg)
     rt = Runtime.from_cfg(cfg)
     out = output_dir(cfg, out_dir)
     traces = [mlp_trace(c) for c in configs]

@@ -9,6 +9,7 @@ predicted_vs_measured.png.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,19 +18,18 @@ import matplotlib
 matplotlib.use("Agg")
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    calibration_options,
-    console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    backend_list, calibration_options, check_common, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
     print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
-from sim.routing import route  # noqa: E402
+from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
+from sim.routing import check_capacity_factor, route  # noqa: E402
 
 
 def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
@@ -39,7 +39,7 @@ def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
 
 def moe_configs(cfg: Mapping[str, Any], dtype: str) -> list[MoEConfig]:
     m = cfg["moe"]
-    backends = list(m["backends"])
+    backends = backend_list(m["backends"], "moe.backends")
     if not backends:
         raise ValueError("moe.backends must list at least one of loop, padded, grouped")
     return [
@@ -49,14 +49,28 @@ def moe_configs(cfg: Mapping[str, Any], dtype: str) -> list[MoEConfig]:
     ]
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
-    # --- validate everything before any work
+def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None]:
+    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
+    sweep before the first starts): base keys, layer configs, routing generators and
+    capacity, and whether the layers fit the device's memory. Returns (configs, generators,
+    capacity factor)."""
+    cfg = config_dict(cfg)
+    device = check_common(cfg)
     configs = moe_configs(cfg, str(cfg["dtype"]))
     generators = routing_generators(cfg)
-    capacity = cfg["routing"].get("capacity_factor")
-    if capacity is not None and not capacity > 0:
-        raise ValueError(f"routing.capacity_factor must be > 0 or null, got {capacity!r}")
+    capacity = check_capacity_factor(cfg["routing"].get("capacity_factor"))
+    base = configs[0]
+    max_rows = None if capacity is None else math.ceil(capacity * base.tokens * base.top_k / base.num_experts)
+    check_fits_device(combine(moe_need(c, max_rows_per_expert=max_rows) for c in configs), device,
+                      what=f"the MoE layers of moe_skew ({len(configs)} backends)",
+                      knobs=["moe.d_model", "moe.d_ff", "moe.num_experts", "moe.tokens", "moe.backends"])
+    return configs, generators, capacity
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    # --- validate everything before any work
+    configs, generators, capacity = validate(cfg)
     rt = Runtime.from_cfg(cfg)
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
     for backend, reason in unavailable.items():

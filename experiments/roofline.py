@@ -17,13 +17,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from costmodel.features import roofline_time_s
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.plots import roofline_plot
 from costmodel.runtime import Runtime
-from experiments.common import add_errors, console, output_dir, print_summary, print_table, summary, write_outputs
+from experiments.common import add_errors, check_common, config_dict, console, output_dir, print_summary, print_table, summary, write_outputs
 
 
 def latest_results(patterns: list[str]) -> pd.DataFrame:
@@ -46,8 +45,22 @@ def latest_results(patterns: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def validate(cfg: Any) -> list[str]:
+    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
+    sweep before the first starts): base keys and ``roofline.results_globs``. Returns the globs.
+    (Whether a fitted profile exists is checked by ``run``: an earlier job may create it.)"""
+    cfg = config_dict(cfg)
+    check_common(cfg)
+    globs = cfg["roofline"]["results_globs"]
+    globs = [globs] if isinstance(globs, str) else globs
+    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
+        raise ValueError(f"roofline.results_globs must be a glob or a list of globs, got {globs!r}")
+    return globs
+
+
 def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    cfg = config_dict(cfg)
+    globs = validate(cfg)
     rt = Runtime.from_cfg(cfg)
     profile = rt.open_profile(create=False)
     model = CostModel.load(profile, expected=rt.fingerprint, allow_stale=True)
@@ -58,7 +71,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     kernels = kernels.assign(kind="kernel", experiment="profile", label=kernels["family"],
                              measured_s=kernels["median_s"], measured_iqr_s=kernels["iqr_s"],
                              **{f"pred_{lv}_s": pred[lv].to_numpy() for lv in LEVELS})
-    layers = latest_results(list(cfg["roofline"]["results_globs"]))
+    layers = latest_results(globs)
     cols = ["kind", "experiment", "label", "flops", "bytes_moved", "measured_s", "measured_iqr_s",
             "round_cv", *(f"pred_{lv}_s" for lv in LEVELS)]
     df = pd.concat([kernels.reindex(columns=cols), layers.reindex(columns=cols)], ignore_index=True)

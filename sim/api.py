@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from costmodel.allocator import configure_allocator
-from costmodel.device import fingerprint, resolve_device
+from costmodel.device import check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.profile import DeviceProfile
@@ -44,9 +44,15 @@ class LayerPrediction:
 
 def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: str | Path = "profiles",
                     threads: int | None = None, allocator: str = "steady", cold_cache: bool = True) -> CostModel:
-    """The fitted cost model of this process's device (refuses another device's)."""
-    configure_allocator(allocator)
+    """The fitted cost model of this process's device (refuses another device's).
+
+    Every argument is checked before anything is set: ``dtype`` among the dtypes a
+    profile can be measured in, ``threads`` a positive integer or None.
+    """
     dev = resolve_device(device)
+    check_dtype(dtype, dev)
+    check_threads(threads)
+    configure_allocator(allocator)
     if threads is not None:
         torch.set_num_threads(threads)
     fp = fingerprint(dev, dtype, cold_cache=cold_cache)
@@ -74,23 +80,20 @@ def predict_moe_latency(
 ) -> LayerPrediction:
     """Latency of ``cfg``'s MoE layer for a routing, or just its per-expert token counts.
 
-    With ``counts`` alone every token is assumed routed to ``top_k`` experts (no drops).
+    ``counts`` (one whole number per expert, each in [0, tokens], summing to between 1 and
+    tokens x top_k) stands for a routing whose tokens are spread evenly over the combine
+    step; see ``sim.moe_layer.check_expert_counts``.
     """
     if (routing is None) == (counts is None):
         raise ValueError("give exactly one of routing= or counts=")
     if routing is not None:
+        if (routing.tokens, routing.top_k, routing.num_experts) != (cfg.tokens, cfg.top_k, cfg.num_experts):
+            raise ValueError(f"routing is for tokens={routing.tokens}, top_k={routing.top_k}, "
+                             f"num_experts={routing.num_experts}; the layer has moe.tokens={cfg.tokens}, "
+                             f"moe.top_k={cfg.top_k}, moe.num_experts={cfg.num_experts}")
         plan = DispatchPlan.from_routing(routing)
     else:
-        counts = [int(c) for c in counts]  # type: ignore[union-attr]
-        if len(counts) != cfg.num_experts or min(counts) < 0 or sum(counts) < 1:
-            raise ValueError(
-                f"counts must hold moe.num_experts={cfg.num_experts} non-negative token counts summing to >= 1, "
-                f"got {len(counts)} counts summing to {sum(counts)}"
-            )
-        if max(counts) > cfg.tokens:
-            raise ValueError(f"counts: an expert cannot receive more than moe.tokens={cfg.tokens} tokens, got {max(counts)}")
-        hits = np.full(cfg.tokens, sum(counts) / cfg.tokens)
-        plan = DispatchPlan.from_counts(counts, hits)
+        plan = DispatchPlan.from_expert_counts(counts, cfg)  # type: ignore[arg-type]
     return _predict(model, moe_trace(cfg, plan), levels)
 
 

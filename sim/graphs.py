@@ -38,6 +38,26 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"graph.{name} must be a positive integer (>= 1), got {value!r}")
 
 
+#: the options every generator passes to ``finalize`` (config ``graph.options``)
+GRAPH_OPTIONS = ("undirected", "remove_self_loops", "dedup")
+
+
+def check_graph_options(options: object) -> dict[str, bool]:
+    """``graph.options``: a mapping of some of GRAPH_OPTIONS to true/false."""
+    if options is None:
+        return {}
+    if not hasattr(options, "items"):
+        raise ValueError(f"graph.options must be a mapping of {list(GRAPH_OPTIONS)} to true/false, got {options!r}")
+    out = {}
+    for key, value in options.items():
+        if key not in GRAPH_OPTIONS:
+            raise ValueError(f"graph.options: unknown option {key!r}; allowed: {list(GRAPH_OPTIONS)}")
+        if not isinstance(value, bool):
+            raise ValueError(f"graph.options.{key} must be true or false, got {value!r}")
+        out[key] = value
+    return out
+
+
 def finalize(
     src: np.ndarray,
     dst: np.ndarray,

@@ -108,9 +108,47 @@ class DispatchPlan:
         return cls(counts, sum(counts), round(cv, 3), len(counts) * max(counts))
 
     @classmethod
+    def from_expert_counts(cls, counts: Sequence[int], cfg: "MoEConfig") -> "DispatchPlan":
+        """The plan of user-given per-expert token counts (validated by ``check_expert_counts``);
+        every token is assumed to be combined from the same number of experts (hit CV 0)."""
+        checked = check_expert_counts(counts, tokens=cfg.tokens, top_k=cfg.top_k, num_experts=cfg.num_experts)
+        return cls.from_counts(checked, np.full(cfg.tokens, sum(checked) / cfg.tokens))
+
+    @classmethod
     def from_routing(cls, routing: Routing) -> "DispatchPlan":
         _, token, _ = routing.flat_assignments()
         return cls.from_counts(routing.expert_counts(), np.bincount(token, minlength=routing.tokens))
+
+
+def check_expert_counts(counts: Sequence[int], *, tokens: int, top_k: int, num_experts: int) -> tuple[int, ...]:
+    """Per-expert token counts as ints, or a ValueError naming the index, value and range.
+
+    A top-k router sends each of ``tokens`` tokens to ``top_k`` distinct experts, so an
+    expert receives at most ``tokens`` rows and all experts together at most
+    ``tokens * top_k`` (exactly that without capacity drops, fewer with them); a layer with
+    no routed row at all has nothing to compute. Counts must be whole numbers: 128.7 is
+    refused, not truncated.
+    """
+    if hasattr(counts, "tolist"):  # numpy array or torch tensor
+        counts = counts.tolist()
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence):
+        raise ValueError(f"counts must be a sequence of moe.num_experts={num_experts} integers, "
+                         f"got {type(counts).__name__}")
+    if len(counts) != num_experts:
+        raise ValueError(f"counts must hold moe.num_experts={num_experts} token counts (one per expert), "
+                         f"got {len(counts)}")
+    out = []
+    for i, c in enumerate(counts):
+        ok = isinstance(c, (int, float, np.integer, np.floating)) and not isinstance(c, (bool, np.bool_))
+        if not ok or not (isinstance(c, (int, np.integer)) or (np.isfinite(c) and float(c).is_integer())) \
+                or not 0 <= c <= tokens:
+            raise ValueError(f"counts[{i}] must be an integer in [0, moe.tokens={tokens}], got {c!r}")
+        out.append(int(c))
+    total, most = sum(out), tokens * top_k
+    if not 1 <= total <= most:
+        raise ValueError(f"counts must sum to between 1 and moe.tokens x moe.top_k = {tokens} x {top_k} = {most} "
+                         f"(each token is routed to top_k experts; fewer after capacity drops), got {total}")
+    return tuple(out)
 
 
 def padded_slots(counts: Sequence[int]) -> np.ndarray:

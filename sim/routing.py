@@ -138,6 +138,17 @@ def check_routing_shape(tokens: int, num_experts: int, top_k: int) -> None:
         raise ValueError(f"moe.top_k must be in [1, moe.num_experts={num_experts}], got {top_k}")
 
 
+def check_capacity_factor(capacity_factor: object) -> float | None:
+    """``routing.capacity_factor``: a finite number > 0, or None for no capacity limit."""
+    if capacity_factor is None:
+        return None
+    ok = isinstance(capacity_factor, (int, float, np.integer, np.floating)) and not isinstance(capacity_factor, bool)
+    if not ok or not (math.isfinite(capacity_factor) and capacity_factor > 0):
+        raise ValueError(f"routing.capacity_factor must be > 0 (a number such as 1.25) or null for no capacity limit, "
+                         f"got {capacity_factor!r}")
+    return float(capacity_factor)
+
+
 def route(
     generator: RoutingGenerator,
     *,
@@ -149,8 +160,7 @@ def route(
 ) -> Routing:
     """Draw a routing: top-k distinct experts per token, gates, capacity dropping."""
     check_routing_shape(tokens, num_experts, top_k)
-    if capacity_factor is not None and not capacity_factor > 0:
-        raise ValueError(f"routing.capacity_factor must be > 0 or null, got {capacity_factor!r}")
+    capacity_factor = check_capacity_factor(capacity_factor)
     rng = _rng(seed)
     if isinstance(generator, RoundRobinRouting):
         ids = (np.arange(tokens)[:, None] * top_k + np.arange(top_k)[None, :]) % num_experts

@@ -73,3 +73,6 @@ def test_bad_input_is_a_clear_error(args, message, tmp_path):
     done = _run(*args, f"hydra.run.dir={tmp_path}" if args[0] in ("bench", "fit") else "--help", cwd=tmp_path)
     assert done.returncode != 0
     assert message in done.stderr + done.stdout
+    if args[0] in ("bench", "fit") and "suite=huge" not in args:  # a bad value: one line, exit status 2
+        assert done.returncode == 2 and "Traceback" not in done.stderr + done.stdout
+        assert len((done.stderr + done.stdout).strip().splitlines()) == 1

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sim.graphs import barabasi_albert, check_edge_index, chung_lu, degree_stats, erdos_renyi, finalize, rmat, sbm
+from sim.graphs import barabasi_albert, check_edge_index, check_graph_options, chung_lu, degree_stats, erdos_renyi, finalize, rmat, sbm
 
 EXPECTED = {  # regression values, fixed by seed 1
     "er": (lambda: erdos_renyi(10, 6, seed=1), [[4, 5, 7, 9, 0, 1], [8, 9, 2, 3, 8, 4]]),
@@ -89,3 +89,17 @@ def test_bad_sizes_name_the_field():
         erdos_renyi(10, -3)
     with pytest.raises(ValueError, match=r"graph.num_blocks must be in \[1, num_nodes=2\]"):
         sbm(2, 10, num_blocks=3)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"directed": True}, r"graph.options: unknown option 'directed'; allowed: \['undirected', 'remove_self_loops', 'dedup'\]"),
+        ({"dedup": "yes"}, r"graph.options.dedup must be true or false, got 'yes'"),
+        ([1, 2], r"graph.options must be a mapping"),
+    ],
+)
+def test_bad_graph_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        check_graph_options(options)
+    assert check_graph_options({"dedup": True}) == {"dedup": True} and check_graph_options(None) == {}

@@ -62,6 +62,10 @@ def test_imbalance_metrics_hand_computed():
         (dict(tokens=8, num_experts=4, top_k=5), r"moe.top_k must be in \[1, moe.num_experts=4\], got 5"),
         (dict(tokens=0, num_experts=4, top_k=1), "moe.tokens must be a positive integer"),
         (dict(tokens=8, num_experts=4, top_k=1, capacity_factor=0.0), "routing.capacity_factor must be > 0"),
+        (dict(tokens=8, num_experts=4, top_k=1, capacity_factor="big"),
+         r"routing.capacity_factor must be > 0 \(a number such as 1.25\) or null .*got 'big'"),
+        (dict(tokens=8, num_experts=4, top_k=1, capacity_factor=float("inf")), "routing.capacity_factor must be > 0"),
+        (dict(tokens=8, num_experts=4, top_k=1, capacity_factor=True), "routing.capacity_factor must be > 0"),
     ],
 )
 def test_bad_routing_input(kwargs, message):

@@ -1,0 +1,69 @@
+"""The Python API refuses bad input with the field, the offending value and the range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sim.api import load_cost_model, predict_moe_latency
+from sim.moe_layer import DispatchPlan, MoEConfig
+from sim.routing import UniformRouting, route
+
+CFG = MoEConfig(backend="padded")  # 1024 tokens, top_k 2, 16 experts: at most 2048 assignments
+
+
+@pytest.mark.parametrize(
+    "counts, message",
+    [
+        ([1024] * 16, r"counts must sum to between 1 and moe.tokens x moe.top_k = 1024 x 2 = 2048 .*got 16384"),
+        ([0] * 16, r"counts must sum to between 1 and .* = 2048 .*got 0"),
+        ([-1] + [137] * 15, r"counts\[0\] must be an integer in \[0, moe.tokens=1024\], got -1"),
+        ([64] * 15 + ["a"], r"counts\[15\] must be an integer in \[0, moe.tokens=1024\], got 'a'"),
+        ([64, float("nan")] + [64] * 14, r"counts\[1\] must be an integer in \[0, moe.tokens=1024\], got nan"),
+        ([128.7] + [128] * 15, r"counts\[0\] must be an integer in \[0, moe.tokens=1024\], got 128.7"),
+        ([1025] + [0] * 15, r"counts\[0\] must be an integer in \[0, moe.tokens=1024\], got 1025"),
+        ([True] + [128] * 15, r"counts\[0\] must be an integer"),
+        ([128] * 15, r"counts must hold moe.num_experts=16 token counts \(one per expert\), got 15"),
+        ("128", r"counts must be a sequence of moe.num_experts=16 integers, got str"),
+    ],
+)
+def test_bad_counts_name_the_index_and_the_range(counts, message):
+    with pytest.raises(ValueError, match=message):
+        predict_moe_latency(CFG, None, counts=counts)  # refused before the model is touched
+
+
+def test_whole_counts_of_any_numeric_type_give_the_same_plan():
+    expected = DispatchPlan.from_expert_counts([128] * 16, CFG)
+    assert expected.assignments == 2048 and expected.padded_rows == 16 * 128
+    for counts in (np.full(16, 128), torch.full((16,), 128), [128.0] * 16, [np.int32(128)] * 16):
+        assert DispatchPlan.from_expert_counts(counts, CFG) == expected
+
+
+def test_counts_below_tokens_times_top_k_stand_for_capacity_drops():
+    plan = DispatchPlan.from_expert_counts([1024] + [0] * 15, CFG)
+    assert plan.assignments == 1024 and plan.counts[0] == 1024
+
+
+def test_routing_for_another_layer_shape_is_refused():
+    routing = route(UniformRouting(), tokens=8, num_experts=16, top_k=2, seed=0)
+    with pytest.raises(ValueError, match=r"routing is for tokens=8.*the layer has moe.tokens=1024"):
+        predict_moe_latency(CFG, None, routing=routing)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(threads=0), r"threads must be a positive integer \(>= 1\) or null"),
+        (dict(threads=2.5), r"threads must be a positive integer"),
+        (dict(dtype="float8"), r"dtype must be one of \['float64', 'float32', 'bfloat16', 'float16'\], got 'float8'"),
+        (dict(dtype="float8", threads=1), r"dtype must be one of"),
+        (dict(allocator="jemalloc"), r"allocator must be one of \['steady', 'system'\]"),
+    ],
+)
+def test_load_cost_model_checks_every_argument_before_setting_anything(kwargs, message, tmp_path):
+    threads = torch.get_num_threads()
+    with pytest.raises(ValueError, match=message):
+        load_cost_model(profile_root=tmp_path, **kwargs)
+    assert torch.get_num_threads() == threads  # nothing was set by a refused call
+    assert not list(tmp_path.iterdir())
