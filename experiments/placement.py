@@ -94,6 +94,33 @@ def device_settings(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+#: ``tied_placements`` enumerates every assignment up to this many (devices ** workloads)
+MAX_ENUMERATED = 2**18
+
+
+def tied_placements(cost_s: np.ndarray, measured_s: np.ndarray, *, rel_tol: float = 1e-9) -> dict[str, Any] | None:
+    """Every placement that is optimal under ``cost_s`` (all ties, by enumeration), and the
+    range of their realised regret under ``measured_s`` against the best realised makespan:
+    whether a level's regret is its own or the solver's choice among equally good answers.
+    None when there are more than ``MAX_ENUMERATED`` assignments."""
+    n, m = cost_s.shape
+    if m**n > MAX_ENUMERATED:
+        return None
+    choice = np.array(np.meshgrid(*[np.arange(m)] * n, indexing="ij")).reshape(n, -1).T  # [m^n, n]
+    rows = np.arange(n)
+
+    def spans(cost: np.ndarray) -> np.ndarray:
+        per = cost[rows, choice]  # [m^n, n]: each workload's time on its device
+        return np.stack([(per * (choice == d)).sum(axis=1) for d in range(m)], axis=1).max(axis=1)
+
+    predicted, realised = spans(cost_s), spans(measured_s)
+    best = predicted.min()
+    tied = predicted <= best * (1 + rel_tol) + 1e-15
+    regret = 100 * (realised[tied] / realised.min() - 1)
+    return {"placements": int(tied.sum()), "regret_pct_min": float(regret.min()),
+            "regret_pct_max": float(regret.max()), "regret_pct_median": float(np.median(regret))}
+
+
 def _memory(setting: Mapping[str, Any], n_devices: int, rt: Runtime) -> int:
     """A device's memory: as configured, else its share of the host's (CPU devices share it)."""
     if setting["memory_bytes"] is not None:
@@ -198,6 +225,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
             "flops_per_device": {d.name: float(sum(w.flops for w, k in zip(workloads, pl.device_of) if k == j))
                                  for j, d in enumerate(devices)},
             "realised_load_per_device_s": dict(zip(pl.devices, pl.loads_s(measured).tolist())),
+            "tied_placements": tied_placements(pl.cost_s, measured),
         }
         table.append({"level": name, **{k: v for k, v in results[name].items() if not isinstance(v, dict)}})
         measured_tl = run_.timeline().set_index("workload")
@@ -252,6 +280,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                                       "measured_regret_pct": ".1f", "predicted_vs_measured_pct": ".1f"},
                 title="placement makespans (ms) and regret vs the oracle (%)")
     console.print(details["run_note"])
+    for name, r in results.items():
+        ties = r["tied_placements"]
+        if ties and ties["placements"] > 1:
+            console.print(f"{name}: {ties['placements']} placements tie under its predictions; their realised regret "
+                          f"ranges {ties['regret_pct_min']:.1f}% to {ties['regret_pct_max']:.1f}% "
+                          f"(median {ties['regret_pct_median']:.1f}%)")
     print_summary(summ)
     console.print(f"outputs in {out}")
     return summ

@@ -239,3 +239,18 @@ def test_overlapping_devices_run_one_after_the_other_and_worker_errors_surface()
         run_placements([pb], [bad], devices[1:], repeats=1, progress=False)
     with pytest.raises(PlacementError, match="cores .* are not available"):
         run_placements([p], workloads, [_device("both", cores=(0, 4096)), devices[1]], repeats=1, progress=False)
+
+
+def test_tied_placements_give_the_regret_range_of_equally_good_answers():
+    """a and b tie under the predictor (same cost) but really take 1 s and 3 s; c takes 2 s.
+    Optimal by prediction: {a|b} split with c on either side (4 placements); realised: best
+    {b | a, c} = 3 s (regret 0), worst {a | b, c} = 5 s (+66.7%)."""
+    from experiments.placement import tied_placements
+
+    predicted = np.repeat(np.array([[1.0], [1.0], [0.0]]), 2, axis=1)
+    measured = np.repeat(np.array([[1.0], [3.0], [2.0]]), 2, axis=1)
+    ties = tied_placements(predicted, measured)
+    assert ties["placements"] == 4
+    assert ties["regret_pct_min"] == pytest.approx(0.0)
+    assert ties["regret_pct_max"] == pytest.approx(200 / 3)
+    assert tied_placements(np.ones((19, 2)), np.ones((19, 2))) is None  # 2^19 assignments: not enumerated
