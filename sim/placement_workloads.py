@@ -142,6 +142,33 @@ def mlp_workload(name: str, *, batch: int, d_model: int, d_hidden: int, dtype: s
     })
 
 
+@dataclass(frozen=True)
+class ImportedFactory:
+    """Any runnable given by import path: ``target(device=device, **kwargs)`` must return a
+    zero-argument callable (e.g. a function that builds a module and its input and returns
+    ``lambda: module(x)``). The way to run a captured module trace on a placement worker."""
+
+    target: str  # "package.module.function"
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    def build(self, device: torch.device) -> Callable[[], Any]:
+        from hydra.utils import get_method
+
+        fn = get_method(self.target)(device=device, **dict(self.kwargs))
+        if not callable(fn):
+            raise TypeError(f"{self.target}(device=...) must return a callable, got {type(fn).__name__}")
+        return fn
+
+
+def trace_workload(name: str, trace: Sequence[KernelSpec], factory: Any, *, resident_bytes: int = 0,
+                   columns: dict[str, Any] | None = None) -> Workload:
+    """A workload from any trace (a captured module's descriptors) and a factory that runs it
+    (``ImportedFactory`` or any picklable object with ``build(device)``)."""
+    trace = tuple(trace)
+    return Workload(name, trace, footprint_bytes(resident_bytes, trace) if trace else int(resident_bytes), factory,
+                    columns or {"kind": "trace", "shape": f"{len(trace)} kernels", "skew": ""})
+
+
 def trace_suite(trace: Sequence[KernelSpec]) -> TaggedSpecs:
     """Calibration kernels for any trace (e.g. a captured module's): GEMMs around its GEMM
     shapes, elementwise ops around its sizes, and its other kernels as they are."""

@@ -254,3 +254,23 @@ def test_tied_placements_give_the_regret_range_of_equally_good_answers():
     assert ties["regret_pct_min"] == pytest.approx(0.0)
     assert ties["regret_pct_max"] == pytest.approx(200 / 3)
     assert tied_placements(np.ones((19, 2)), np.ones((19, 2))) is None  # 2^19 assignments: not enumerated
+
+
+def make_tiny_matmul(device, size=4):
+    """An ImportedFactory target for the test below."""
+    a = torch.ones(size, size, device=device)
+    return lambda: a @ a
+
+
+def test_any_trace_plugs_in_with_an_imported_factory():
+    """A captured module's descriptors and a runnable named by import path make a workload
+    like any layer's: placed, given a calibration suite around its trace, built and run."""
+    from sim.placement_workloads import ImportedFactory, trace_suite, trace_workload
+
+    trace = (GemmSpec(4, 4, 4), GemmSpec(64, 256, 128))
+    factory = ImportedFactory(f"{__name__}.make_tiny_matmul", (("size", 3),))
+    w = trace_workload("captured", trace, factory, resident_bytes=100)
+    assert w.memory_bytes == 100 + GemmSpec(64, 256, 128).bytes_moved()
+    assert w.factory.build(torch.device("cpu"))().shape == (3, 3)
+    assert len(calibration_suite([w])) == len(trace_suite(trace)) > 0
+    assert place([w], [_device("x")], "L0").assignment() == {"x": ["captured"]}
