@@ -43,7 +43,7 @@ from experiments.common import console, output_dir, print_summary, print_table, 
 from experiments.workloads import Workload as Measurable, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
-from sim.placement import Device, Placement, PlacementError, Workload, check_inputs, place  # noqa: E402
+from sim.placement import SOLVERS, Device, Placement, PlacementError, Workload, check_inputs, place  # noqa: E402
 from sim.placement_workloads import calibration_suite  # noqa: E402
 
 ORACLE = "oracle"
@@ -140,6 +140,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     repeats = p["repeats"]
     if not isinstance(repeats, int) or repeats < 1:
         raise PlacementError(f"placement.repeats must be a positive integer, got {repeats!r}")
+    if p["solver"] not in SOLVERS:
+        raise PlacementError(f"placement.solver must be one of {list(SOLVERS)}, got {p['solver']!r}")
+    if not isinstance(p["exact_max_binaries"], int) or p["exact_max_binaries"] < 0:
+        raise PlacementError(f"placement.exact_max_binaries must be an integer >= 0, got {p['exact_max_binaries']!r}")
+    if not (isinstance(p["time_limit_s"], (int, float)) and p["time_limit_s"] > 0):
+        raise PlacementError(f"placement.time_limit_s must be > 0, got {p['time_limit_s']!r}")
     settings = device_settings(cfg)
     rt0 = Runtime.from_cfg(cfg)
     workloads = build_workloads(cfg)
@@ -149,6 +155,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         if w.memory_bytes > biggest:
             raise PlacementError(f"workload {w.name!r} needs {w.memory_bytes / 2**20:,.1f} MiB, more than any device's "
                                  f"memory (largest: {biggest / 2**20:,.1f} MiB)")
+    need, have = sum(w.memory_bytes for w in workloads), sum(memory.values())
+    if need > have:
+        raise PlacementError(f"the workloads need {need / 2**20:,.1f} MiB together, more than the devices' "
+                             f"{have / 2**20:,.1f} MiB")
     out = output_dir(cfg, out_dir)
     suite = calibration_suite(workloads)
 

@@ -118,6 +118,7 @@ def _check_placement_outputs(summary, out):
         ("placement", ["placement.device_sets.homogeneous.0.memory_bytes=1024",
                        "placement.device_sets.homogeneous.1.memory_bytes=2048"], r"workload 'mlp_balanced' needs .* more than any"),
         ("placement", ["placement_mix.gnn.rmat_a=0.1"], r"placement_mix.gnn: rmat_a must be in"),
+        ("placement", ["placement.solver=cplex"], r"placement.solver must be one of \['auto', 'milp', 'lpt'\]"),
     ],
 )
 def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path):
