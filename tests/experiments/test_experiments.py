@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ TINY = {
                        "spectrum.small_batch_mlp.batches=[1,2]", "spectrum.moe.tokens=[32,64]", "spectrum.moe.d_model=16",
                        "spectrum.moe.d_ff=16", "spectrum.moe.num_experts=4", "spectrum.gnn.num_nodes=256",
                        "spectrum.gnn.edges=[1024,2048]", "spectrum.gnn.width=8"],
+    "placement": ["placement_mix=tiny", "placement.repeats=2"],
     "roofline": [],
 }
 
@@ -55,6 +57,8 @@ def shared_profile(tmp_path_factory):
 
 @pytest.mark.parametrize("name", [n for n in EXPERIMENTS if n != "roofline"] + ["roofline"])
 def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, monkeypatch):
+    if name == "placement" and len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the placement experiment pins its two devices to cores 0 and 1")
     monkeypatch.chdir(shared_profile)  # roofline globs outputs/ of the earlier tiny runs here
     out = shared_profile / "outputs" / name / "run"
     summary = importlib.import_module(f"experiments.{name}").run(_cfg(name, shared_profile), out_dir=out)
@@ -66,6 +70,32 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
     assert list(out.glob("*.png"))
     if name == "roofline":
         assert set(summary["details"]["experiments_found"]) >= {"moe_skew", "gnn_degree", "mlp_batch"}
+    if name == "placement":
+        _check_placement_outputs(written, out)
+
+
+def _check_placement_outputs(summary, out):
+    """details.placement per level and the oracle; the oracle is optimal under the measured
+    latencies, so no level's realised makespan beats it; one results row per workload,
+    device and level; a Gantt chart per level; the real run happened."""
+    import pandas as pd
+
+    placement = summary["details"]["placement"]
+    assert set(placement) == {"L0", "L2", "L3", "oracle"}
+    for level, r in placement.items():
+        assert {"predicted_makespan_s", "realised_makespan_s", "measured_makespan_s", "regret_pct"} <= set(r)
+        assert r["measured_makespan_s"] > 0 and r["regret_pct"] >= -1e-9
+        assert sorted(w for ws in r["assignment"].values() for w in ws) == sorted(
+            ["mlp_balanced", "mlp_skinny", "moe", "gnn"])
+        assert (out / f"gantt_{level}.png").exists()
+    assert placement["oracle"]["regret_pct"] == 0 and placement["oracle"]["same_placement_as_oracle"]
+    assert summary["details"]["concurrent"] is True
+    assert summary["n_points"] == 4 * 2  # workload x device rows behind the common schema
+    results = pd.read_csv(out / "results.csv")
+    assert len(results) == 4 * 2 * 4
+    assert results.groupby(["workload", "level"])["placed_here"].sum().eq(1).all()  # each placed exactly once
+    placed = results[results["placed_here"]]
+    assert placed["run_end_s"].gt(placed["run_start_s"]).all()
 
 
 @pytest.mark.parametrize(
@@ -81,6 +111,14 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
         ("gnn_degree", ["gnn.num_edges=0"], "gnn.num_edges must be a positive integer"),
         ("mlp_batch", ["mlp.batches=[1,0]"], "mlp.batch must be a positive integer"),
         ("moe_skew", ["device=tpu"], "device must be one of"),
+        ("placement", ["placement.variant=quad"], r"placement.variant must be one of \['heterogeneous', 'homogeneous'\]"),
+        ("placement", ["placement.levels=[L0,L7]"], "placement.levels must list levels from"),
+        ("placement", ["placement.repeats=0"], "placement.repeats must be a positive integer"),
+        ("placement", ["placement.device_sets.homogeneous.1.cores=[4096]"], r"device 'core1': cores \[4096\] are not available"),
+        ("placement", ["placement.device_sets.homogeneous.0.memory_bytes=1024",
+                       "placement.device_sets.homogeneous.1.memory_bytes=2048"], r"workload 'mlp_balanced' needs .* more than any"),
+        ("placement", ["placement_mix.gnn.rmat_a=0.1"], r"placement_mix.gnn: rmat_a must be in"),
+        ("placement", ["placement.solver=cplex"], r"placement.solver must be one of \['auto', 'milp', 'lpt'\]"),
     ],
 )
 def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path):
@@ -117,3 +155,20 @@ def test_summary_reports_errors_with_predictions_scaled_by_the_drift():
     assert scaled["factor"] == 1.25
     assert scaled["max"]["L3"] == pytest.approx(100 * 0.05 / 1.2)  # 1.25 vs 1.2 (2.5 vs 2.6 is 3.8%)
     assert scaled["median"]["L3"] == pytest.approx((100 * 0.05 / 1.2 + 100 * 0.1 / 2.6) / 2)
+
+
+@pytest.mark.slow
+def test_tiny_heterogeneous_placement_runs_each_device_alone(tmp_path):
+    """A 2-thread device on cores 0-1 beside a 1-thread device on core 1: two fingerprints,
+    two profiles, and shares run one after the other (their cores overlap)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs cores 0 and 1")
+    out = tmp_path / "out"
+    summary = importlib.import_module("experiments.placement").run(
+        _cfg("placement", tmp_path / "profiles", "placement.variant=heterogeneous"), out_dir=out)
+    details = summary["details"]
+    assert details["concurrent"] is False and "alone" in details["run_note"]
+    assert [d["threads"] for d in details["devices"]] == [2, 1]
+    assert len({d["profile"] for d in details["devices"]}) == 2
+    assert len(list((tmp_path / "profiles").iterdir())) == 2
+    _check_placement_outputs({**summary, "details": {**details, "concurrent": True}}, out)

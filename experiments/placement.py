@@ -1,0 +1,362 @@
+"""experiment=placement: place a mix of workloads on devices by FLOPs, roofline, fitted model
+and measured latencies, then run every placement for real and compare the makespans.
+
+1. The mix (``placement_mix``: MoE layers at several routing concentrations and batch
+   sizes, GNN layers on graphs of different skew, skinny and balanced dense MLPs) is
+   built once; each workload's trace, memory and factory come from
+   ``sim.placement_workloads``.
+2. Every device (``placement.device_sets[placement.variant]``: CPU "devices" of a thread
+   count, pinned to cores) is calibrated on first use for its fingerprint (threads are part
+   of it) and every workload is measured on it, pinned, in interleaved rounds, from cold
+   caches (``evaluate_workloads``): per workload and device, L0-L3 predicted and measured.
+3. ``sim.placement.place`` by each level in ``placement.levels`` and by the oracle (the
+   measured latencies): predicted makespan, realised makespan (the placement's makespan
+   under the measured latencies) and regret against the oracle's realised makespan.
+4. ``sim.executor.run_placements`` runs each distinct placement for real (one pinned worker
+   process per device, started together; devices whose cores overlap run alone, one after
+   the other): the measured makespan and its regret against the oracle's.
+
+Outputs: results.csv (one row per workload, device and level), workloads.csv (per workload
+and device: FLOPs, memory, L0-L3 predictions, measured), summary.json (common schema over
+the workload-device rows, plus ``details.placement``), gantt_<level>.png (both devices'
+timelines, predicted beside measured), makespan.png.
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from costmodel.ceilings import device_memory_bytes  # noqa: E402
+from costmodel.predictor import LEVELS, CostModel  # noqa: E402
+from costmodel.runtime import Runtime  # noqa: E402
+from experiments.common import console, output_dir, print_summary, print_table, summary  # noqa: E402
+from experiments.workloads import Workload as Measurable, evaluate_workloads  # noqa: E402
+from sim.calibration import calibrated_model, drift_references  # noqa: E402
+from sim.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
+from sim.placement import SOLVERS, Device, Placement, PlacementError, Workload, check_inputs, place  # noqa: E402
+from sim.placement_workloads import calibration_suite  # noqa: E402
+
+ORACLE = "oracle"
+
+
+def build_workloads(cfg: Mapping[str, Any]) -> list[Workload]:
+    """Instantiate every entry of ``placement_mix`` (name -> builder config), validated."""
+    from hydra.utils import instantiate
+
+    mix = cfg.get("placement_mix") or {}
+    if not mix:
+        raise PlacementError("placement_mix must list at least one workload (name: {_target_: ..., ...})")
+    out = []
+    for i, (name, spec) in enumerate(mix.items()):
+        try:
+            out.append(instantiate(spec, name=str(name), dtype=str(cfg["dtype"]), seed=int(cfg.get("seed", 0)) + i))
+        except Exception as err:  # Hydra wraps the builder's ValueError
+            cause = err.__cause__ or err
+            raise ValueError(f"placement_mix.{name}: {cause}") from None
+    return out
+
+
+def device_settings(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The chosen device set, validated: name, threads, cores, memory."""
+    p = cfg["placement"]
+    variant = p["variant"]
+    sets = p["device_sets"]
+    if variant not in sets:
+        raise PlacementError(f"placement.variant must be one of {sorted(sets)}, got {variant!r}")
+    devices = list(sets[variant] or [])
+    if not devices:
+        raise PlacementError(f"placement.device_sets.{variant} lists no devices")
+    out = []
+    for d in devices:
+        name, threads, cores = d.get("name"), d.get("threads"), d.get("cores")
+        if not isinstance(threads, int) or threads < 1:
+            raise PlacementError(f"device {name!r}: threads must be a positive integer, got {threads!r}")
+        if cores is not None:
+            cores = tuple(int(c) for c in cores)
+            check_cores(str(name), cores)
+            if len(cores) < threads:
+                raise PlacementError(f"device {name!r}: {threads} threads on {len(cores)} cores would contend; "
+                                     "give at least as many cores as threads")
+        out.append({"name": str(name), "threads": threads, "cores": cores, "memory_bytes": d.get("memory_bytes")})
+    names = [d["name"] for d in out]
+    if len(set(names)) != len(names):
+        raise PlacementError(f"device names must be unique, got {names}")
+    return out
+
+
+#: ``tied_placements`` enumerates every assignment up to this many (devices ** workloads)
+MAX_ENUMERATED = 2**18
+
+
+def tied_placements(cost_s: np.ndarray, measured_s: np.ndarray, *, rel_tol: float = 1e-9) -> dict[str, Any] | None:
+    """Every placement that is optimal under ``cost_s`` (all ties, by enumeration), and the
+    range of their realised regret under ``measured_s`` against the best realised makespan:
+    whether a level's regret is its own or the solver's choice among equally good answers.
+    None when there are more than ``MAX_ENUMERATED`` assignments."""
+    n, m = cost_s.shape
+    if m**n > MAX_ENUMERATED:
+        return None
+    choice = np.array(np.meshgrid(*[np.arange(m)] * n, indexing="ij")).reshape(n, -1).T  # [m^n, n]
+    rows = np.arange(n)
+
+    def spans(cost: np.ndarray) -> np.ndarray:
+        per = cost[rows, choice]  # [m^n, n]: each workload's time on its device
+        return np.stack([(per * (choice == d)).sum(axis=1) for d in range(m)], axis=1).max(axis=1)
+
+    predicted, realised = spans(cost_s), spans(measured_s)
+    best = predicted.min()
+    tied = predicted <= best * (1 + rel_tol) + 1e-15
+    regret = 100 * (realised[tied] / realised.min() - 1)
+    return {"placements": int(tied.sum()), "regret_pct_min": float(regret.min()),
+            "regret_pct_max": float(regret.max()), "regret_pct_median": float(np.median(regret))}
+
+
+def _memory(setting: Mapping[str, Any], n_devices: int, rt: Runtime) -> int:
+    """A device's memory: as configured, else its share of the host's (CPU devices share it)."""
+    if setting["memory_bytes"] is not None:
+        return int(setting["memory_bytes"])
+    total = device_memory_bytes(rt.device)
+    return total // n_devices if rt.device.type == "cpu" else total
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+    p = cfg["placement"]
+    progress = bool(cfg.get("progress", True))
+    # --- validate everything before any work
+    levels = list(p["levels"])
+    if not levels or any(lv not in LEVELS for lv in levels):
+        raise PlacementError(f"placement.levels must list levels from {list(LEVELS)}, got {levels}")
+    repeats = p["repeats"]
+    if not isinstance(repeats, int) or repeats < 1:
+        raise PlacementError(f"placement.repeats must be a positive integer, got {repeats!r}")
+    if p["solver"] not in SOLVERS:
+        raise PlacementError(f"placement.solver must be one of {list(SOLVERS)}, got {p['solver']!r}")
+    if not isinstance(p["exact_max_binaries"], int) or p["exact_max_binaries"] < 0:
+        raise PlacementError(f"placement.exact_max_binaries must be an integer >= 0, got {p['exact_max_binaries']!r}")
+    if not (isinstance(p["time_limit_s"], (int, float)) and p["time_limit_s"] > 0):
+        raise PlacementError(f"placement.time_limit_s must be > 0, got {p['time_limit_s']!r}")
+    settings = device_settings(cfg)
+    rt0 = Runtime.from_cfg(cfg)
+    workloads = build_workloads(cfg)
+    memory = {s["name"]: _memory(s, len(settings), rt0) for s in settings}
+    biggest = max(memory.values())
+    for w in workloads:  # place() checks this too; here it is said before any calibration
+        if w.memory_bytes > biggest:
+            raise PlacementError(f"workload {w.name!r} needs {w.memory_bytes / 2**20:,.1f} MiB, more than any device's "
+                                 f"memory (largest: {biggest / 2**20:,.1f} MiB)")
+    need, have = sum(w.memory_bytes for w in workloads), sum(memory.values())
+    if need > have:
+        raise PlacementError(f"the workloads need {need / 2**20:,.1f} MiB together, more than the devices' "
+                             f"{have / 2**20:,.1f} MiB")
+    out = output_dir(cfg, out_dir)
+    suite = calibration_suite(workloads)
+
+    # --- calibrate and measure every device, pinned, with its own thread count
+    runnable = [Measurable(w.name, w.trace, w.factory.build(rt0.device), {"workload": w.name, **w.columns})
+                for w in workloads]
+    models: dict[str, CostModel] = {}
+    devices: list[Device] = []
+    frames, drifts = [], {}
+    for s in settings:
+        with device_context(s["cores"], s["threads"]):
+            rt = Runtime.from_cfg({**cfg, "threads": s["threads"]})
+            fp = rt.fingerprint.id
+            if fp not in models:
+                console.print(f"device {s['name']}: {s['threads']} thread(s) on cores {s['cores']}, profile {fp}")
+                models[fp] = calibrated_model(rt, suite, suite_name="placement", progress=progress,
+                                              refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
+            model = models[fp]
+            df = evaluate_workloads(model, runnable, device=rt.device, timing=rt.timing,
+                                    references=drift_references(rt, suite), progress=progress,
+                                    description=f"measure workloads on {s['name']}",
+                                    peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+        drifts[s["name"]] = df.attrs.get("profile_drift") or {}
+        frames.append(df.assign(device=s["name"], threads=s["threads"], memory_bytes=[w.memory_bytes for w in workloads]))
+        devices.append(Device(s["name"], model, memory[s["name"]], s["cores"]))
+    del runnable
+    gc.collect()
+    per_device = pd.concat(frames, ignore_index=True)
+    per_device.attrs["rounds"] = rt0.timing.rounds
+
+    # --- place by every level and by the measured latencies
+    measured = per_device.pivot(index="label", columns="device", values="measured_s").loc[
+        [w.name for w in workloads], [d.name for d in devices]].to_numpy()
+    index_w = {w.name: i for i, w in enumerate(workloads)}
+    index_d = {d.name: k for k, d in enumerate(devices)}
+
+    def oracle(w: Workload, d: Device) -> float:
+        return float(measured[index_w[w.name], index_d[d.name]])
+
+    oracle.__name__ = ORACLE
+    check_inputs(workloads, devices, oracle)
+    solver_args = {"solver": p["solver"], "exact_max_binaries": int(p["exact_max_binaries"]),
+                   "time_limit_s": float(p["time_limit_s"])}
+    placements: dict[str, Placement] = {lv: place(workloads, devices, lv, **solver_args) for lv in levels}
+    placements[ORACLE] = place(workloads, devices, oracle, **solver_args)
+
+    # --- run every distinct placement for real
+    together = devices_can_run_together(devices)
+    if not together:
+        console.print("[yellow]the devices' cores overlap: each device runs its share alone, one after the other, and "
+                      "a placement's measured makespan is the largest of their wall times (no contention between them)[/]")
+    runs = run_placements(list(placements.values()), workloads, devices, repeats=repeats,
+                          allocator=str(cfg.get("allocator", "steady")), evict_bytes=rt0.timing.cpu_evict_bytes,
+                          progress=progress)
+
+    rows, table = [], []
+    realised_oracle = placements[ORACLE].makespan_under(measured)
+    measured_oracle = runs[placements[ORACLE].key()].measured_makespan_s
+    results: dict[str, dict[str, Any]] = {}
+    for name, pl in placements.items():
+        run_ = runs[pl.key()]
+        realised = pl.makespan_under(measured)
+        results[name] = {
+            "predicted_makespan_s": pl.makespan_s,
+            "realised_makespan_s": realised,
+            "measured_makespan_s": run_.measured_makespan_s,
+            "regret_pct": 100 * (realised / realised_oracle - 1),
+            "measured_regret_pct": 100 * (run_.measured_makespan_s / measured_oracle - 1),
+            "predicted_vs_measured_pct": 100 * (pl.makespan_s / run_.measured_makespan_s - 1),
+            # > 1: the real run was slower than its workloads measured alone (devices sharing memory bandwidth and
+            # cache when they run together); < 1: faster (back to back, a workload finds some of its data cached)
+            "measured_over_realised": run_.measured_makespan_s / realised,
+            "measured_makespan_iqr_s": float(np.subtract(*np.percentile(run_.makespans_s, [75, 25]))),
+            "solver": pl.solver, "optimal": pl.optimal, "gap_pct": pl.gap_pct, "solver_note": pl.note,
+            "same_placement_as_oracle": pl.key() == placements[ORACLE].key(),
+            "assignment": pl.assignment(),
+            "flops_per_device": {d.name: float(sum(w.flops for w, k in zip(workloads, pl.device_of) if k == j))
+                                 for j, d in enumerate(devices)},
+            "realised_load_per_device_s": dict(zip(pl.devices, pl.loads_s(measured).tolist())),
+            "tied_placements": tied_placements(pl.cost_s, measured),
+        }
+        table.append({"level": name, **{k: v for k, v in results[name].items() if not isinstance(v, dict)}})
+        measured_tl = run_.timeline().set_index("workload")
+        for i, w in enumerate(workloads):
+            for k, d in enumerate(devices):
+                here = pl.device_of[i] == k
+                rows.append({"workload": w.name, **w.columns, "device": d.name, "level": name,
+                             "predicted_s": pl.cost_s[i, k], "measured_s": measured[i, k],
+                             "ape_pct": 100 * abs(pl.cost_s[i, k] / measured[i, k] - 1), "placed_here": here,
+                             "flops": w.flops, "memory_bytes": w.memory_bytes,
+                             "run_start_s": measured_tl.loc[w.name, "start_s"] if here else np.nan,
+                             "run_end_s": measured_tl.loc[w.name, "end_s"] if here else np.nan})
+    results_df = pd.DataFrame(rows)
+
+    drift_values = [d["now_over_profile_median"] for d in drifts.values() if d]
+    details = {
+        "placement": results,
+        "concurrent": together,
+        "run_note": ("devices ran together, each pinned to its own cores" if together else
+                     "the devices' cores overlap: each device ran its share alone and the makespan is the largest "
+                     "of their wall times"),
+        "variant": p["variant"],
+        "devices": [{"name": d.name, "threads": d.threads, "cores": d.cores, "memory_bytes": d.memory_bytes,
+                     "profile": d.fingerprint.id} for d in devices],
+        "workloads": len(workloads), "repeats": repeats,
+        "total_flops": float(sum(w.flops for w in workloads)),
+        "profile_drift_per_device": drifts,
+    }
+    if drift_values:
+        details["profile_drift"] = {"now_over_profile_median": float(np.median(drift_values)),
+                                    "now_over_profile_iqr": float(max(d["now_over_profile_iqr"] for d in drifts.values() if d)),
+                                    "kernels": int(sum(d["kernels"] for d in drifts.values() if d))}
+    desc = "; ".join(f"{d.name}: {d.fingerprint.describe()}, cores {list(d.cores) if d.cores else 'any'}" for d in devices)
+    summ = summary("placement", desc, per_device, details=details)
+
+    results_df.to_csv(out / "results.csv", index=False)
+    per_device.to_csv(out / "workloads.csv", index=False)
+    import json
+
+    from experiments.common import _json_default
+
+    (out / "summary.json").write_text(json.dumps(summ, indent=2, default=_json_default) + "\n")
+    for name, pl in placements.items():
+        plot_gantt(pl, runs[pl.key()], out / f"gantt_{name}.png", measured=measured)
+    plot_makespans(results, out / "makespan.png", together=together)
+
+    print_table(per_device, {"label": "", "device": "", "flops": ".2e", "measured_s": "ms", "pred_L0_s": "ms",
+                             "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L3_pct": ".1f"},
+                title="workloads: measured and predicted latency per device (ms)")
+    print_table(pd.DataFrame(table), {"level": "", "solver": "", "predicted_makespan_s": "ms",
+                                      "realised_makespan_s": "ms", "measured_makespan_s": "ms", "regret_pct": ".1f",
+                                      "measured_regret_pct": ".1f", "predicted_vs_measured_pct": ".1f"},
+                title="placement makespans (ms) and regret vs the oracle (%)")
+    console.print(details["run_note"])
+    for name, r in results.items():
+        ties = r["tied_placements"]
+        if ties and ties["placements"] > 1:
+            console.print(f"{name}: {ties['placements']} placements tie under its predictions; their realised regret "
+                          f"ranges {ties['regret_pct_min']:.1f}% to {ties['regret_pct_max']:.1f}% "
+                          f"(median {ties['regret_pct_median']:.1f}%)")
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def plot_gantt(pl: Placement, run_: Any, path: Path, *, measured: np.ndarray) -> None:
+    """Both devices' timelines: predicted (the placement's own costs; its own time axis, since
+    L0 predicts a fraction of the real time), realised (the measured per-workload latencies
+    back to back) and measured (the real run, median of repeats) on one axis."""
+    names = list(pl.workloads)
+    colours = {w: plt.cm.tab20(i % 20) for i, w in enumerate(names)}
+    panels = [(f"predicted by {pl.predictor}", pl.timeline()), ("realised: measured latencies", pl.timeline(measured)),
+              ("measured: real run, median of repeats", run_.timeline())]
+    shared = max(float(t["end_s"].max()) if not t.empty else 0.0 for _, t in panels[1:]) * 1e3 * 1.05
+    fig, axes = plt.subplots(1, 3, figsize=(16, 1.4 + 0.9 * len(pl.devices)), sharey=True)
+    for j, (ax, (title, tl)) in enumerate(zip(axes, panels)):
+        end = float(tl["end_s"].max()) * 1e3 if not tl.empty else 0.0
+        horizon = max(end * 1.05, 1e-6) if j == 0 else shared
+        for k, dev in enumerate(pl.devices):
+            for _, b in tl[tl["device"] == dev].iterrows():
+                width = (b["end_s"] - b["start_s"]) * 1e3
+                ax.barh(k, width, left=b["start_s"] * 1e3, color=colours[b["workload"]], edgecolor="black", lw=0.5)
+                if width > horizon * 0.07:
+                    ax.text((b["start_s"] * 1e3 + width / 2), k, b["workload"], ha="center", va="center", fontsize=5.5,
+                            rotation=90, clip_on=True)
+        ax.axvline(end, color="red", ls="--", lw=1)
+        ax.set_title(f"{title}\nmakespan {end:.2f} ms", fontsize=9)
+        ax.set_xlim(0, horizon)
+        ax.set_xlabel("time [ms]")
+        ax.set_yticks(range(len(pl.devices)), pl.devices)
+        ax.grid(True, axis="x", alpha=0.2)
+    fig.suptitle(f"placement by {pl.predictor} ({pl.solver})", fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[w]) for w in names]
+    fig.legend(handles, names, loc="lower center", ncol=min(6, len(names)), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_makespans(results: Mapping[str, Mapping[str, Any]], path: Path, *, together: bool) -> None:
+    names = list(results)
+    x = np.arange(len(names))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for j, (key, label) in enumerate((("predicted_makespan_s", "predicted"), ("realised_makespan_s", "realised (measured latencies)"),
+                                      ("measured_makespan_s", "measured (real run)"))):
+        ax.bar(x + (j - 1) * 0.27, [results[n][key] * 1e3 for n in names], 0.27, label=label)
+    top = max(max(r[k] for k in ("predicted_makespan_s", "realised_makespan_s", "measured_makespan_s")) for r in results.values())
+    for i, n in enumerate(names):
+        r = results[n]
+        height = max(r["predicted_makespan_s"], r["realised_makespan_s"], r["measured_makespan_s"])
+        ax.text(i, (height + 0.02 * top) * 1e3, f"regret vs oracle\nrealised {r['regret_pct']:.0f}%\n"
+                f"measured {r['measured_regret_pct']:.0f}%", ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, top * 1.3e3)
+    ax.set_xticks(x, names)
+    ax.set_ylabel("makespan [ms]")
+    ax.set_title("makespan by placement" + ("" if together else " (devices run one after the other)"))
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

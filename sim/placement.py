@@ -1,0 +1,433 @@
+"""Latency-aware placement: put workloads on devices so the slowest device finishes first.
+
+``place(workloads, devices, predict) -> Placement``. A ``Workload`` is any predictable
+unit: a name, its kernel trace (``costmodel.kernels`` descriptors: a layer's hand-written
+trace, or a captured module's), a memory footprint and a picklable factory that builds a
+runnable callable on a device (so a worker process can run it). A ``Device`` is a stored,
+fitted profile (``CostModel``: its fingerprint names device, threads, dtype) plus its
+memory and, for CPU "devices", the cores it is pinned to. ``predict`` is a cost-model
+level ("L0" FLOPs/peak, "L1", "L2" roofline, "L3" fitted) or any callable
+``(workload, device) -> seconds`` (the oracle passes measured latencies).
+
+The problem is makespan minimisation on unrelated parallel machines, R||Cmax in the
+notation of Graham, Lawler, Lenstra & Rinnooy Kan (1979): every workload runs on one
+device, a device runs its workloads back to back, minimise the largest per-device sum.
+
+- exact (small instances): the integer program
+  ``min C  s.t.  sum_d x_id = 1,  sum_i p_id x_id <= C,  sum_i m_i x_id <= M_d,  x binary``
+  (Lenstra, Shmoys & Tardos 1990, eq. (1)-(4), plus the memory rows) solved by
+  ``scipy.optimize.milp`` (HiGHS branch and cut);
+- greedy (large instances): LPT, longest processing time first (Graham 1969), each
+  workload, longest first by its fastest device, to the device where it finishes
+  earliest; on identical devices LPT is within 4/3 - 1/(3m) of optimal (Graham 1969);
+- the optimality gap of the greedy solution is measured against a lower bound: the LP
+  relaxation of the program above together with max_i min_d p_id (every workload runs
+  somewhere, whole).
+
+Bad input (no workloads, no devices, a device without a fitted profile, a workload too
+large for every device's memory, a cost that is not a finite number >= 0) raises
+``PlacementError`` naming what is wrong, before anything is solved or run.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.device import Fingerprint
+from costmodel.kernels import KernelSpec
+from costmodel.predictor import CostModel
+
+#: solvers ``place`` accepts: auto (exact when small, else LPT), milp, lpt
+SOLVERS = ("auto", "milp", "lpt")
+#: ``auto`` solves exactly up to this many (workload, device) binaries
+EXACT_MAX_BINARIES = 400
+#: wall-clock limit of the exact solver; past it HiGHS returns its best solution and gap
+EXACT_TIME_LIMIT_S = 20.0
+
+
+class PlacementError(ValueError):
+    """Placement input that cannot be placed: said before anything runs."""
+
+
+@runtime_checkable
+class WorkloadFactory(Protocol):
+    """Builds a workload's runnable form on a device. Must be picklable (a worker process
+    receives it and calls ``build`` there); the callable it returns runs the workload once."""
+
+    def build(self, device: torch.device) -> Callable[[], Any]: ...
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """A predictable, runnable unit of work.
+
+    ``trace`` is what it executes, as kernel descriptors (a layer's ``moe_trace``/``gnn_trace``
+    /``mlp_trace``, or a captured module's descriptors: ``Workload(name, captured.specs, ...)``
+    works for any sequence of ``KernelSpec``); ``memory_bytes`` what it keeps resident on a
+    device while placed there (weights, inputs, indices and its largest working set).
+    """
+
+    name: str
+    trace: tuple[KernelSpec, ...]
+    memory_bytes: int
+    factory: WorkloadFactory
+    columns: Mapping[str, Any] = field(default_factory=dict)  # descriptive columns for tables (kind, skew, ...)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PlacementError(f"workload.name must be a non-empty string, got {self.name!r}")
+        trace = tuple(self.trace)
+        if not trace:
+            raise PlacementError(f"workload {self.name!r}: trace must list at least one kernel descriptor")
+        bad = [type(s).__name__ for s in trace if not isinstance(s, KernelSpec)]
+        if bad:
+            raise PlacementError(f"workload {self.name!r}: trace entries must be costmodel.kernels descriptors, "
+                                 f"got {sorted(set(bad))}")
+        object.__setattr__(self, "trace", trace)
+        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, (int, np.integer)) or self.memory_bytes < 0:
+            raise PlacementError(f"workload {self.name!r}: memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
+        if not callable(getattr(self.factory, "build", None)):
+            raise PlacementError(f"workload {self.name!r}: factory must have a build(device) method, "
+                                 f"got {type(self.factory).__name__}")
+
+    @property
+    def flops(self) -> float:
+        return float(sum(s.flops() for s in self.trace))
+
+    @property
+    def bytes_moved(self) -> float:
+        return float(sum(s.bytes_moved() for s in self.trace))
+
+
+@dataclass(frozen=True, eq=False)
+class Device:
+    """A device as the placement sees it: a fitted profile, its memory, where it runs.
+
+    ``cores`` pins a CPU "device" (a process with ``fingerprint.threads`` threads) to those
+    cores when it runs for real; None runs unpinned.
+    """
+
+    name: str
+    model: CostModel | None
+    memory_bytes: int
+    cores: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise PlacementError(f"device.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.memory_bytes, (int, np.integer)) or self.memory_bytes < 1:
+            raise PlacementError(f"device {self.name!r}: memory_bytes must be a positive integer, got {self.memory_bytes!r}")
+        if self.cores is not None:
+            cores = tuple(int(c) for c in self.cores)
+            if not cores or min(cores) < 0 or len(set(cores)) != len(cores):
+                raise PlacementError(f"device {self.name!r}: cores must be distinct core ids >= 0, got {self.cores!r}")
+            object.__setattr__(self, "cores", cores)
+
+    @classmethod
+    def from_profile(cls, name: str, profile_root: str | Path, fingerprint: Fingerprint, *,
+                     memory_bytes: int, cores: Sequence[int] | None = None) -> "Device":
+        """The device whose fitted profile for ``fingerprint`` lies under ``profile_root``."""
+        from costmodel.predictor import StaleModelError
+        from costmodel.profile import DeviceProfile, ProfileError
+
+        try:
+            profile = DeviceProfile.open(profile_root, fingerprint, create=False)
+            model = CostModel.load(profile, expected=fingerprint)
+        except (ProfileError, StaleModelError, FileNotFoundError) as err:
+            raise PlacementError(f"device {name!r} has no fitted profile for {fingerprint.id} under {profile_root}: "
+                                 f"{err} (run `python -m costmodel bench threads={fingerprint.threads}` and "
+                                 "`python -m costmodel fit`, or an experiment that calibrates)") from None
+        return cls(name, model, memory_bytes, None if cores is None else tuple(cores))
+
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return self._fitted().fingerprint
+
+    @property
+    def threads(self) -> int:
+        return self.fingerprint.threads
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.fingerprint.device_kind)
+
+    def _fitted(self) -> CostModel:
+        if not isinstance(self.model, CostModel):
+            raise PlacementError(f"device {self.name!r} has no fitted profile (model is {type(self.model).__name__}); "
+                                 "load one with Device.from_profile")
+        return self.model
+
+
+Predictor = str | Callable[[Workload, Device], float]
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Which device runs which workload, by what predictor and solver, and how good it is.
+
+    ``cost_s[i, d]`` is the predicted latency of workload i on device d that the solver saw;
+    ``makespan_s`` the predicted makespan; ``lower_bound_s`` a proven lower bound on the
+    optimum under the same costs and ``gap_pct`` = 100 (makespan / lower bound - 1), an upper
+    bound on how far from optimal the placement is (0 when ``optimal``).
+    """
+
+    workloads: tuple[str, ...]
+    devices: tuple[str, ...]
+    device_of: tuple[int, ...]  # per workload: index into ``devices``
+    cost_s: np.ndarray = field(repr=False)
+    predictor: str
+    solver: str  # "milp" or "lpt"
+    makespan_s: float
+    lower_bound_s: float
+    gap_pct: float
+    optimal: bool
+    note: str = ""
+
+    def assignment(self) -> dict[str, list[str]]:
+        """Device name -> its workloads, in the order it runs them."""
+        return {d: [w for w, j in zip(self.workloads, self.device_of) if j == k] for k, d in enumerate(self.devices)}
+
+    def loads_s(self, cost_s: np.ndarray | None = None) -> np.ndarray:
+        """Per-device sum of latencies under ``cost_s`` (default: the predicted costs)."""
+        cost = self._check_cost(cost_s)
+        loads = np.zeros(len(self.devices))
+        np.add.at(loads, np.asarray(self.device_of), cost[np.arange(len(self.workloads)), self.device_of])
+        return loads
+
+    def makespan_under(self, cost_s: np.ndarray) -> float:
+        """The makespan this placement has when the latencies are ``cost_s`` (e.g. measured: realised)."""
+        return float(self.loads_s(cost_s).max())
+
+    def timeline(self, cost_s: np.ndarray | None = None) -> pd.DataFrame:
+        """One row per workload: device, start and end seconds when each device runs its
+        share back to back (a Gantt chart's bars)."""
+        cost = self._check_cost(cost_s)
+        rows, clock = [], np.zeros(len(self.devices))
+        for i, (w, d) in enumerate(zip(self.workloads, self.device_of)):
+            rows.append({"workload": w, "device": self.devices[d], "start_s": clock[d], "end_s": clock[d] + cost[i, d]})
+            clock[d] += cost[i, d]
+        return pd.DataFrame(rows)
+
+    def key(self) -> tuple[int, ...]:
+        """Hashable identity of the assignment (placements by two predictors may coincide)."""
+        return self.device_of
+
+    def _check_cost(self, cost_s: np.ndarray | None) -> np.ndarray:
+        cost = self.cost_s if cost_s is None else np.asarray(cost_s, dtype=np.float64)
+        if cost.shape != (len(self.workloads), len(self.devices)):
+            raise ValueError(f"cost_s must be [workloads={len(self.workloads)}, devices={len(self.devices)}], "
+                             f"got {list(cost.shape)}")
+        return cost
+
+
+# ----------------------------------------------------------------------------- costs
+
+
+def cost_matrix(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor) -> np.ndarray:
+    """Predicted seconds of every workload on every device, [workloads, devices]."""
+    from sim.simulator import predict_trace
+
+    cost = np.empty((len(workloads), len(devices)))
+    for d, dev in enumerate(devices):
+        for i, w in enumerate(workloads):
+            if isinstance(predict, str):
+                cost[i, d] = float(predict_trace(dev._fitted(), w.trace, [predict], quiet=True)[predict].sum())
+            else:
+                cost[i, d] = float(predict(w, dev))
+    bad = [(workloads[i].name, devices[d].name, float(cost[i, d])) for i, d in zip(*np.nonzero(~(np.isfinite(cost) & (cost >= 0))))]
+    if bad:
+        raise PlacementError(f"predicted latencies must be finite seconds >= 0; got (workload, device, value) {bad[:5]}")
+    return cost
+
+
+def predictor_name(predict: Predictor) -> str:
+    return predict if isinstance(predict, str) else getattr(predict, "__name__", type(predict).__name__)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_inputs(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor) -> None:
+    """Every error ``place`` can raise about its input, before any solving or running."""
+    if not workloads:
+        raise PlacementError("no workloads to place: give at least one")
+    if not devices:
+        raise PlacementError("no devices to place on: give at least one")
+    for kind, items in (("workload", workloads), ("device", devices)):
+        names = [x.name for x in items]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise PlacementError(f"{kind} names must be unique, repeated: {dup}")
+    for dev in devices:
+        model = dev._fitted()
+        if isinstance(predict, str) and predict not in model.levels:
+            raise PlacementError(f"predict={predict!r} is not a level of device {dev.name!r}'s cost model; "
+                                 f"allowed: {sorted(model.levels)} or a callable (workload, device) -> seconds")
+    if not isinstance(predict, str) and not callable(predict):
+        raise PlacementError(f"predict must be a level name or a callable (workload, device) -> seconds, got {predict!r}")
+    biggest = max(d.memory_bytes for d in devices)
+    for w in workloads:
+        if w.memory_bytes > biggest:
+            raise PlacementError(f"workload {w.name!r} needs {w.memory_bytes / 2**20:,.1f} MiB, more than any device's "
+                                 f"memory (largest: {biggest / 2**20:,.1f} MiB)")
+    need, have = sum(w.memory_bytes for w in workloads), sum(d.memory_bytes for d in devices)
+    if need > have:
+        raise PlacementError(f"the workloads need {need / 2**20:,.1f} MiB together, more than the devices' "
+                             f"{have / 2**20:,.1f} MiB")
+
+
+# ----------------------------------------------------------------------------- solvers
+
+
+def place(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor, *, solver: str = "auto",
+          exact_max_binaries: int = EXACT_MAX_BINARIES, time_limit_s: float = EXACT_TIME_LIMIT_S) -> Placement:
+    """Minimise the makespan of ``workloads`` on ``devices`` with latencies from ``predict``.
+
+    ``solver``: "milp" (exact, HiGHS), "lpt" (greedy) or "auto" (exact when the instance
+    has at most ``exact_max_binaries`` workload-device pairs, else LPT).
+    """
+    if solver not in SOLVERS:
+        raise PlacementError(f"solver must be one of {list(SOLVERS)}, got {solver!r}")
+    if not (isinstance(exact_max_binaries, int) and exact_max_binaries >= 0):
+        raise PlacementError(f"exact_max_binaries must be an integer >= 0, got {exact_max_binaries!r}")
+    if not time_limit_s > 0:
+        raise PlacementError(f"time_limit_s must be > 0, got {time_limit_s!r}")
+    check_inputs(workloads, devices, predict)
+    cost = cost_matrix(workloads, devices, predict)
+    return solve(cost, np.array([w.memory_bytes for w in workloads], dtype=np.float64),
+                 np.array([d.memory_bytes for d in devices], dtype=np.float64),
+                 workloads=tuple(w.name for w in workloads), devices=tuple(d.name for d in devices),
+                 predictor=predictor_name(predict), solver=solver, exact_max_binaries=exact_max_binaries,
+                 time_limit_s=time_limit_s)
+
+
+def solve(cost_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: np.ndarray, *, workloads: tuple[str, ...],
+          devices: tuple[str, ...], predictor: str = "costs", solver: str = "auto",
+          exact_max_binaries: int = EXACT_MAX_BINARIES, time_limit_s: float = EXACT_TIME_LIMIT_S) -> Placement:
+    """R||Cmax with memory capacities on a ready cost matrix (``place`` without the models)."""
+    cost = np.asarray(cost_s, dtype=np.float64)
+    n, m = cost.shape
+    fits = memory_bytes[:, None] <= capacity_bytes[None, :]
+    lower = lower_bound_s(cost, memory_bytes, capacity_bytes)
+    exact = solver == "milp" or (solver == "auto" and n * m <= exact_max_binaries)
+    if exact:
+        device_of, optimal, mip_gap = _milp(cost, memory_bytes, capacity_bytes, time_limit_s)
+        greedy = _lpt(cost, memory_bytes, capacity_bytes, fits)
+        span = _makespan(cost, device_of)
+        if greedy is not None and _makespan(cost, greedy) < span - 1e-12:  # a time-limited MILP can lose to LPT
+            device_of, optimal, span = greedy, False, _makespan(cost, greedy)
+        gap = 0.0 if optimal else _gap_pct(span, lower)
+        note = ("proven optimal (HiGHS)" if optimal else
+                f"time limit {time_limit_s:g} s reached: HiGHS gap {100 * mip_gap:.2f}%; gap vs lower bound {gap:.2f}%")
+        return Placement(workloads, devices, device_of, cost, predictor, "milp", span, lower, gap, optimal, note)
+    device_of = _lpt(cost, memory_bytes, capacity_bytes, fits)
+    if device_of is None:
+        raise PlacementError("LPT could not fit the workloads into the devices' memory (each device's sum of "
+                             "workload memory must stay within its memory_bytes); try solver='milp'")
+    span = _makespan(cost, device_of)
+    identical = bool(np.allclose(cost, cost[:, :1]))
+    gap = _gap_pct(span, lower)
+    note = f"LPT; gap vs lower bound {gap:.2f}%"
+    if identical:
+        note += f"; identical devices: within {4 / 3 - 1 / (3 * m):.3f}x of optimal (Graham 1969)"
+    return Placement(workloads, devices, device_of, cost, predictor, "lpt", span, lower, gap,
+                     bool(math.isclose(span, lower, rel_tol=1e-9, abs_tol=1e-15)), note)
+
+
+def _gap_pct(span: float, lower: float) -> float:
+    """100 (makespan / lower bound - 1); 0 when both are 0 (nothing to do)."""
+    return 100 * (span / lower - 1) if lower > 0 else (0.0 if span == 0 else float("inf"))
+
+
+def _makespan(cost: np.ndarray, device_of: Sequence[int]) -> float:
+    loads = np.zeros(cost.shape[1])
+    np.add.at(loads, np.asarray(device_of), cost[np.arange(cost.shape[0]), list(device_of)])
+    return float(loads.max())
+
+
+def _lpt(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray, fits: np.ndarray) -> tuple[int, ...] | None:
+    """Longest first (by the fastest device's time), each to the device where it finishes
+    earliest among those with memory left; None if some workload fits nowhere."""
+    n, m = cost.shape
+    order = sorted(range(n), key=lambda i: (-cost[i].min(), i))
+    loads, used = np.zeros(m), np.zeros(m)
+    device_of = [0] * n
+    for i in order:
+        ok = fits[i] & (used + memory[i] <= capacity)
+        if not ok.any():
+            return None
+        finish = np.where(ok, loads + cost[i], np.inf)
+        d = int(np.argmin(finish))
+        device_of[i] = d
+        loads[d] += cost[i, d]
+        used[d] += memory[i]
+    return tuple(device_of)
+
+
+def _program(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray) -> tuple[Any, ...]:
+    """(objective, constraints, bounds) of the integer program, costs scaled to O(1)."""
+    from scipy.optimize import Bounds, LinearConstraint
+
+    n, m = cost.shape
+    scale = float(cost.mean()) or 1.0  # all-zero costs (e.g. L0 of work without FLOPs)
+    p = cost / scale
+    nv = n * m + 1  # x_id (row-major: i * m + d), then C
+    c = np.zeros(nv)
+    c[-1] = 1.0
+    assign = np.zeros((n, nv))
+    for i in range(n):
+        assign[i, i * m:(i + 1) * m] = 1.0
+    load = np.zeros((m, nv))
+    mem = np.zeros((m, nv))
+    for d in range(m):
+        load[d, d:n * m:m] = p[:, d]
+        load[d, -1] = -1.0
+        mem[d, d:n * m:m] = memory / capacity[d]
+    upper = np.ones(nv)
+    upper[:-1] = (memory[:, None] <= capacity[None, :]).astype(float).ravel()
+    upper[-1] = np.inf
+    constraints = [LinearConstraint(assign, 1.0, 1.0), LinearConstraint(load, -np.inf, 0.0),
+                   LinearConstraint(mem, -np.inf, 1.0)]
+    return c, constraints, Bounds(np.zeros(nv), upper), scale
+
+
+def _milp(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray, time_limit_s: float) -> tuple[tuple[int, ...], bool, float]:
+    from scipy.optimize import milp
+
+    n, m = cost.shape
+    c, constraints, bounds, _ = _program(cost, memory, capacity)
+    integrality = np.ones(len(c))
+    integrality[-1] = 0
+    res = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
+               options={"time_limit": float(time_limit_s), "mip_rel_gap": 1e-9})
+    if res.x is None:
+        if res.status == 2:
+            raise PlacementError("the workloads do not fit the devices' memory: no placement keeps every device's "
+                                 "sum of workload memory within its memory_bytes")
+        raise PlacementError(f"the exact solver found no placement: {res.message}")
+    x = res.x[:-1].reshape(n, m)
+    device_of = tuple(int(np.argmax(row)) for row in x)
+    return device_of, bool(res.status == 0), float(getattr(res, "mip_gap", 0.0) or 0.0)
+
+
+def lower_bound_s(cost_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: np.ndarray) -> float:
+    """A proven lower bound on the optimal makespan: max(LP relaxation, max_i min_d p_id)."""
+    from scipy.optimize import milp
+
+    cost = np.asarray(cost_s, dtype=np.float64)
+    fits = memory_bytes[:, None] <= capacity_bytes[None, :]
+    whole = float(np.where(fits, cost, np.inf).min(axis=1).max())
+    c, constraints, bounds, scale = _program(cost, memory_bytes, capacity_bytes)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = milp(c, constraints=constraints, integrality=np.zeros(len(c)), bounds=bounds)
+    lp = float(res.fun) * scale if res.x is not None else 0.0
+    return max(lp, whole)
