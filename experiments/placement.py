@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import matplotlib
 
@@ -34,12 +34,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 
 from costmodel.ceilings import device_memory_bytes  # noqa: E402
 from costmodel.predictor import LEVELS, CostModel  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
-from experiments.common import console, output_dir, print_summary, print_table, summary  # noqa: E402
+from experiments.common import (  # noqa: E402
+    calibration_options, check_common, config_dict, console, output_dir, print_summary, print_table, summary,
+)
 from experiments.workloads import Workload as Measurable, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
@@ -121,19 +122,20 @@ def tied_placements(cost_s: np.ndarray, measured_s: np.ndarray, *, rel_tol: floa
             "regret_pct_max": float(regret.max()), "regret_pct_median": float(np.median(regret))}
 
 
-def _memory(setting: Mapping[str, Any], n_devices: int, rt: Runtime) -> int:
+def _memory(setting: Mapping[str, Any], n_devices: int, device: Any) -> int:
     """A device's memory: as configured, else its share of the host's (CPU devices share it)."""
     if setting["memory_bytes"] is not None:
         return int(setting["memory_bytes"])
-    total = device_memory_bytes(rt.device)
-    return total // n_devices if rt.device.type == "cpu" else total
+    total = device_memory_bytes(device)
+    return total // n_devices if device.type == "cpu" else total
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = OmegaConf.to_container(cfg, resolve=True) if not isinstance(cfg, dict) else cfg
+def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[Workload], dict[str, int]]:
+    """Every key, every workload and every memory limit checked, nothing measured or set:
+    (device settings, workloads, memory per device)."""
+    cfg = config_dict(cfg)
+    device = check_common(cfg)
     p = cfg["placement"]
-    progress = bool(cfg.get("progress", True))
-    # --- validate everything before any work
     levels = list(p["levels"])
     if not levels or any(lv not in LEVELS for lv in levels):
         raise PlacementError(f"placement.levels must list levels from {list(LEVELS)}, got {levels}")
@@ -147,9 +149,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     if not (isinstance(p["time_limit_s"], (int, float)) and p["time_limit_s"] > 0):
         raise PlacementError(f"placement.time_limit_s must be > 0, got {p['time_limit_s']!r}")
     settings = device_settings(cfg)
-    rt0 = Runtime.from_cfg(cfg)
     workloads = build_workloads(cfg)
-    memory = {s["name"]: _memory(s, len(settings), rt0) for s in settings}
+    memory = {s["name"]: _memory(s, len(settings), device) for s in settings}
     biggest = max(memory.values())
     for w in workloads:  # place() checks this too; here it is said before any calibration
         if w.memory_bytes > biggest:
@@ -159,6 +160,16 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     if need > have:
         raise PlacementError(f"the workloads need {need / 2**20:,.1f} MiB together, more than the devices' "
                              f"{have / 2**20:,.1f} MiB")
+    return settings, workloads, memory
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    settings, workloads, memory = validate(cfg)  # everything checked before any work
+    p = cfg["placement"]
+    levels, repeats = list(p["levels"]), p["repeats"]
+    progress = bool(cfg.get("progress", True))
+    rt0 = Runtime.from_cfg(cfg)
     out = output_dir(cfg, out_dir)
     suite = calibration_suite(workloads)
 
@@ -175,7 +186,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
             if fp not in models:
                 console.print(f"device {s['name']}: {s['threads']} thread(s) on cores {s['cores']}, profile {fp}")
                 models[fp] = calibrated_model(rt, suite, suite_name="placement", progress=progress,
-                                              refresh=bool(cfg.get("calibration", {}).get("refresh", False)))
+                                              **calibration_options(cfg))
             model = models[fp]
             df = evaluate_workloads(model, runnable, device=rt.device, timing=rt.timing,
                                     references=drift_references(rt, suite), progress=progress,
