@@ -34,6 +34,9 @@ from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_re
 from sim.graphs import check_edge_index, degree_stats  # noqa: E402
 
 
+#: this experiment can predict without measuring (``measure=false``)
+MEASURES = "optional"
+
 def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
     g = cfg["gnn"]
     backends = list(g["backends"])

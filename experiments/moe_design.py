@@ -439,7 +439,7 @@ def plot_decisions(table: pd.DataFrame, rows: str, cols: str, backends: Sequence
         winner[i, j] = code[r["fastest_L3"]]
         differs[i, j] = r["l0_differs_pct"]
         labels[i, j] = f"{r['fastest_L3']}\n+{r['median_margin_pct']:.0f}%"
-    fig, axes = plt.subplots(1, 2, figsize=(max(9.0, 1.1 * len(col_vals) * 2 + 3), 0.5 * len(row_vals) + 2.5))
+    fig, axes = plt.subplots(1, 2, figsize=(min(16.0, max(9.0, 1.1 * len(col_vals) * 2 + 3)), 0.5 * len(row_vals) + 3.0))
     cmap = ListedColormap([f"C{i}" for i in range(len(backends))])
     axes[0].imshow(winner, cmap=cmap, vmin=-0.5, vmax=len(backends) - 0.5, aspect="auto")
     for (i, j), text in labels.items():

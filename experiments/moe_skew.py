@@ -35,6 +35,9 @@ from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable
 from sim.routing import route  # noqa: E402
 
 
+#: this experiment can predict without measuring (``measure=false``)
+MEASURES = "optional"
+
 def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     """(sweep value, generator) per point; every value validated before anything runs."""
     return instantiate_sweep(cfg["routing"], "routing")

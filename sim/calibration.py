@@ -97,7 +97,7 @@ def fitted_model(rt: Runtime, *, profile_id: str | None = None, cv_folds: int = 
             profile = DeviceProfile.load(path)
     except ProfileError as err:
         raise ProfileError(f"measure=false predicts from an existing profile and measures nothing: {err} "
-                           "(or run the experiment once with measure=true)") from None
+                           f"(or run the experiment once with measure=true){_near_profiles_hint(rt)}") from None
     if profile.fingerprint.dtype != rt.dtype:
         raise ValueError(f"profile {profile.path.name} was measured in dtype={profile.fingerprint.dtype}; "
                          f"set dtype={profile.fingerprint.dtype} to predict with it (got dtype={rt.dtype})")
@@ -108,6 +108,23 @@ def fitted_model(rt: Runtime, *, profile_id: str | None = None, cv_folds: int = 
         model = CostModel.fit_profile(profile, cv_folds=cv_folds)
         model.save(profile)
         return model
+
+
+def _near_profiles_hint(rt: Runtime) -> str:
+    """Profiles under the root that differ from this process only in thread count (a
+    parallel launcher such as joblib limits each worker's threads), as a hint."""
+    near = []
+    for file in sorted(rt.profile_root.glob("*/fingerprint.json")) if rt.profile_root.is_dir() else []:
+        try:
+            other = DeviceProfile.load(file.parent).fingerprint
+        except ProfileError:
+            continue
+        if set(other.differences(rt.fingerprint)) == {"threads"}:
+            near.append(f"threads={other.threads} ({file.parent.name})")
+    if not near:
+        return ""
+    return (f"; this process runs {rt.fingerprint.threads} torch thread(s) (parallel launchers limit each worker's), "
+            f"and profiles of this device exist for {', '.join(near)}: pass that threads=N, or profile.id=<folder>")
 
 
 @dataclass(frozen=True)
