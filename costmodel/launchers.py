@@ -61,8 +61,10 @@ def parallel_on_this_machine() -> str | None:
     None (basic launcher, joblib with n_jobs=1, Slurm, or not under Hydra at all)."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
-        return None
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None  # a single run (no -m) runs in this process whatever launcher is configured
     launcher = HydraConfig.get().launcher
     target = str(launcher.get("_target_", ""))
     if target.endswith("JoblibLauncher"):

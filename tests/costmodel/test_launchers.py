@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from costmodel import launchers
 
@@ -59,9 +60,10 @@ def test_installed_or_basic_launchers_pass(monkeypatch):
 @pytest.fixture
 def hydra_job():
     """Set Hydra's job config as a launcher would, for the given overrides."""
-    def set_overrides(*overrides: str) -> None:
+    def set_overrides(*overrides: str, mode: RunMode = RunMode.MULTIRUN) -> None:
         with initialize_config_dir(config_dir=CONF, version_base=None):
             cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+        cfg.hydra.mode = mode
         HydraConfig.instance().set_config(cfg)
 
     yield set_overrides
@@ -83,6 +85,11 @@ def test_measuring_jobs_refuse_launchers_that_share_this_machine(overrides, refu
     else:
         with pytest.raises(launchers.LauncherError, match=refused):
             launchers.refuse_parallel_measuring("experiment=moe_skew")
+
+
+def test_a_single_run_ignores_the_configured_launcher(hydra_job):
+    hydra_job("hydra/launcher=joblib", "hydra.launcher.n_jobs=2", mode=RunMode.RUN)
+    launchers.refuse_parallel_measuring("experiment=moe_skew")  # no -m: runs in this process, alone
 
 
 def test_slurm_node_is_one_exclusive_node_per_job():
