@@ -1,4 +1,4 @@
-"""`python -m costmodel {bench,fit,compare} [hydra overrides]`.
+"""`python -m costmodel {bench,fit} [hydra overrides]`, `compare A B`, `fleet ROOT [--out DIR]`.
 
 - bench: measure this device's ceilings and a kernel suite into its profile;
 - fit: fit cost models L0-L3 on the profile and evaluate them on held-out shapes;
