@@ -1,8 +1,14 @@
-"""`python -m costmodel {bench,fit,compare} [hydra overrides]`.
+"""`python -m costmodel {bench,fit} [hydra overrides]`, `compare A B`, `fleet ROOT [--out DIR]`.
 
 - bench: measure this device's ceilings and a kernel suite into its profile;
 - fit: fit cost models L0-L3 on the profile and evaluate them on held-out shapes;
-- compare: median difference between two profiles' common kernels (run-to-run stability).
+- compare: median difference between two profiles' common kernels (run-to-run stability);
+- fleet: every device profile under a root side by side (ceilings, efficiency, the same
+  reference workloads predicted on each device, L0 and L3 rankings).
+
+bench measures, so under a launcher that runs several jobs at once on this machine it
+refuses to start (``costmodel.launchers``); a launcher plugin that is not installed is
+named with its package before Hydra starts.
 
 Bad input prints one line (``error: ...``) and exits with status 2 (``costmodel.cli_errors``).
 """
@@ -23,7 +29,9 @@ USAGE = __doc__
 @report_user_errors
 def bench(cfg: DictConfig) -> None:
     from costmodel.bench_command import run
+    from costmodel.launchers import refuse_parallel_measuring
 
+    refuse_parallel_measuring("python -m costmodel bench")
     run(cfg)
 
 
@@ -48,16 +56,28 @@ def compare(argv: list[str]) -> None:
         sys.exit(USAGE_EXIT_CODE)
 
 
+def fleet(argv: list[str]) -> None:
+    from costmodel.fleet import main
+
+    main(argv)
+
+
 def main() -> None:
     commands = {"bench": bench, "fit": fit}
-    if len(sys.argv) < 2 or sys.argv[1] not in (*commands, "compare"):
+    plain = {"compare": compare, "fleet": fleet}
+    if len(sys.argv) < 2 or sys.argv[1] not in (*commands, *plain):
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     command = sys.argv.pop(1)
-    if command == "compare":
-        compare(sys.argv[1:])
-    else:
-        commands[command]()
+    if command in plain:
+        plain[command](sys.argv[1:])
+        return
+    from costmodel.launchers import missing_plugin_message
+
+    message = missing_plugin_message(sys.argv[1:])
+    if message:
+        sys.exit(f"error: {message}")
+    commands[command]()
 
 
 if __name__ == "__main__":

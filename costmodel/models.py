@@ -286,19 +286,49 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
                 log_eff[idx] = np.clip(model.predict(feats.to_numpy()), lo, hi)
         return roof * 10**log_eff
 
-    def _warn_out_of_range(self, family: str, feats: pd.DataFrame) -> None:
+    def _outside(self, family: str, feats: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Per range feature, which rows lie outside the fitted range (2% of it as tolerance)."""
+        out = {}
         for name, (lo, hi) in self.feature_ranges_.get(family, {}).items():
             values = feats[name].to_numpy()
             tol = 1e-9 + 0.02 * (hi - lo)
-            outside = (values < lo - tol) | (values > hi + tol)
+            out[name] = (values < lo - tol) | (values > hi + tol)
+        return out
+
+    def _warn_out_of_range(self, family: str, feats: pd.DataFrame) -> None:
+        for name, outside in self._outside(family, feats).items():
             if outside.any():
-                bad = values[outside]
+                lo, hi = self.feature_ranges_[family][name]
+                bad = feats[name].to_numpy()[outside]
                 warnings.warn(
                     f"{family}: {int(outside.sum())} queries have {name} in [{bad.min():.3g}, {bad.max():.3g}], "
                     f"outside the fitted range [{lo:.3g}, {hi:.3g}]: extrapolating",
                     ExtrapolationWarning,
                     stacklevel=3,
                 )
+
+    def coverage(self, X: pd.DataFrame) -> dict[str, dict[str, Any]]:
+        """How much of a kernel table lies inside what the model was fitted on, per family:
+        ``rows``, ``in_range_pct`` (rows whose every range feature is inside the fitted range,
+        the test behind ``ExtrapolationWarning``) and, per feature with rows outside,
+        ``{"fitted": [lo, hi], "queried": [lo, hi], "outside_pct"}`` (log10 sizes)."""
+        _check_table(X)
+        report: dict[str, dict[str, Any]] = {}
+        for family, idx in X.groupby("family").indices.items():
+            feats = family_features(X.iloc[idx], family, self.ceilings_)
+            outside = self._outside(family, feats)
+            any_out = np.zeros(len(idx), dtype=bool)
+            features = {}
+            for name, mask in outside.items():
+                any_out |= mask
+                if mask.any():
+                    values = feats[name].to_numpy()
+                    features[name] = {"fitted": [round(v, 3) for v in self.feature_ranges_[family][name]],
+                                      "queried": [round(float(values.min()), 3), round(float(values.max()), 3)],
+                                      "outside_pct": round(100 * float(mask.mean()), 2)}
+            report[family] = {"rows": int(len(idx)), "in_range_pct": round(100 * float(1 - any_out.mean()), 2),
+                              "fitted": family in self.models_, "features_outside": features}
+        return report
 
 
 class ExtrapolationWarning(UserWarning):

@@ -16,6 +16,10 @@ same rounds as its layers, against the profile; ``details.drift_scaled_ape_pct``
 errors each level would have had with its predictions multiplied by that factor (what
 is left when the machine's change since calibration is taken out; the headline errors
 are never adjusted).
+
+With ``measure=false`` (predict only) the schema is the same: ``n_points`` counts the
+predicted rows, every error, ``spearman`` and ``noise_cv_pct`` are null, and
+``details.measured`` is false (true otherwise).
 """
 
 from __future__ import annotations
@@ -60,16 +64,18 @@ def config_dict(cfg: Any) -> dict[str, Any]:
 
 
 def check_measure(cfg: Mapping[str, Any]) -> None:
-    """``measure.kernel_point`` (an index into the sweep, negative from the end) and
-    ``measure.profile_iterations`` (>= 1), where an experiment has them."""
-    meas = cfg.get("measure")
+    """``measure`` (true, or false to predict only), ``profile.id`` only with measure=false,
+    and ``per_kernel.point`` (an index into the sweep, negative from the end) and
+    ``per_kernel.iterations`` (>= 1), where an experiment has them."""
+    check_measure_keys(cfg)
+    meas = cfg.get("per_kernel")
     if meas is None:
         return
-    point, iterations = meas.get("kernel_point", 0), meas.get("profile_iterations", 1)
+    point, iterations = meas.get("point", 0), meas.get("iterations", 1)
     if isinstance(point, bool) or not isinstance(point, int):
-        raise ValueError(f"measure.kernel_point must be an integer index into the sweep, got {point!r}")
+        raise ValueError(f"per_kernel.point must be an integer index into the sweep, got {point!r}")
     if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"measure.profile_iterations must be a positive integer (>= 1), got {iterations!r}")
+        raise ValueError(f"per_kernel.iterations must be a positive integer (>= 1), got {iterations!r}")
 
 
 def backend_list(value: Any, field: str) -> list[str]:
@@ -84,7 +90,7 @@ def backend_list(value: Any, field: str) -> list[str]:
 def check_common(cfg: Mapping[str, Any]) -> torch.device:
     """What every experiment's ``validate`` checks first: conf/base.yaml's keys
     (``costmodel.runtime.check_cfg``, no side effects), ``progress``,
-    ``calibration.refresh`` and the ``measure`` block; returns the device."""
+    ``calibration.refresh``, ``measure`` and the ``per_kernel`` block; returns the device."""
     from costmodel.runtime import check_cfg
 
     device = check_cfg(cfg)
@@ -256,7 +262,7 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         lv: _clean(spearmanr(df[f"pred_{lv}_s"], df["measured_s"]).statistic) if df[f"pred_{lv}_s"].nunique() > 1 else None
         for lv in levels
     }
-    out["details"] = dict(details or {})
+    out["details"] = {"measured": True, **dict(details or {})}
     if df.attrs.get("profile_drift") and "profile_drift" not in out["details"]:  # set by evaluate_workloads
         out["details"]["profile_drift"] = df.attrs["profile_drift"]
     if df.attrs.get("freshness") and "freshness" not in out["details"]:  # the check before the run
@@ -278,6 +284,16 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         sigma = measurement_sigma(df["round_cv"].to_numpy(), np.full(len(df), df.attrs.get("rounds", 1)))
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
     return out
+
+
+def predict_only_summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] = LEVELS,
+                         details: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """summary.json of a run that predicted and measured nothing: the common schema with
+    null errors, so readers of every summary need no special case."""
+    empty = {lv: None for lv in levels}
+    return {"experiment": name, "device": device, "n_points": int(len(df)), "noise_cv_pct": None,
+            "median_ape_pct": dict(empty), "p90_ape_pct": dict(empty), "max_ape_pct": dict(empty),
+            "spearman": dict(empty), "details": {"measured": False, **dict(details or {})}}
 
 
 def write_outputs(out: Path, df: pd.DataFrame, summ: Mapping[str, Any]) -> None:
@@ -386,6 +402,29 @@ def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str
     plt.close(fig)
 
 
+def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,
+                              symlog_x: bool = False) -> None:
+    """measure=false: the L3 prediction (and L2) against ``x``, one colour per backend, with
+    the L0 line; nothing measured, so no error bars."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (backend, g) in enumerate(df.groupby("backend")):
+        ax.plot(g[x], g["pred_L3_s"] * 1e3, "o-", color=f"C{i}", label=f"{backend}: L3 predicted")
+        ax.plot(g[x], g["pred_L2_s"] * 1e3, ":", color=f"C{i}", alpha=0.6, label=f"{backend}: L2 roofline")
+    g0 = df[df["backend"] == df["backend"].iloc[0]]
+    ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label="L0 = FLOPs / peak")
+    if symlog_x:
+        ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("predicted layer latency [ms]")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue: str | None = None,
                                levels: Sequence[str] = ("L0", "L2", "L3")) -> None:
     fig, axes = plt.subplots(1, len(levels), figsize=(4.2 * len(levels), 4.2), squeeze=False)
@@ -418,3 +457,15 @@ def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def check_measure_keys(cfg: Mapping[str, Any]) -> bool:
+    """``measure`` as a bool, and ``profile.id`` (another device's profile) only when
+    predicting: a measurement on this machine is always compared with its own profile."""
+    measuring = cfg.get("measure", True)
+    if not isinstance(measuring, bool):
+        raise ValueError(f"measure must be true or false, got {measuring!r}")
+    if measuring and cfg.get("profile", {}).get("id") is not None:
+        raise ValueError(f"profile.id={cfg['profile']['id']!r} predicts for another device's profile and needs "
+                         "measure=false: measurements on this machine are compared with its own profile")
+    return measuring

@@ -5,6 +5,9 @@ uniform to hub-dominated by default); for every point and backend: degree statis
 FLOPs, the L0-L3 predictions of the layer's trace, and the real layer's measured latency
 (interleaved rounds). One point is profiled kernel by kernel. Outputs: results.csv,
 per_kernel.csv, summary.json, latency_vs_skew.png, predicted_vs_measured.png.
+
+``measure=false`` predicts only: no layer is built or timed and nothing is calibrated;
+results.csv holds the predictions and summary.json the common schema with null errors.
 """
 
 from __future__ import annotations
@@ -21,15 +24,19 @@ import torch  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    backend_list, calibration_options, check_common, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
-    print_table, summary, write_outputs,
+    backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
+    output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured, predict_only_summary,
+    print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
-from sim.calibration import calibrated_model, drift_references, gnn_suite  # noqa: E402
-from sim.gnn_layer import GNNConfig, GNNLayer, backend_unavailable_reason, gnn_trace  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
+from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
+from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
 from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
 
+
+#: this experiment can predict without measuring (``measure=false``)
+MEASURES = "optional"
 
 def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
     g = cfg["gnn"]
@@ -90,44 +97,56 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
         raise ValueError(f"no requested GNN backend can run here: {unavailable}")
-    graphs = make_graphs(cfg, rt.seed)  # every edge index checked before any timing
-    meas = cfg["measure"]
+    graphs = make_graphs(cfg, rt.seed)  # validates the sweep and every edge index before any timing
+    meas = cfg["per_kernel"]
+    measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
     base = configs[0]
     stats = [degree_stats(ei, base.num_nodes) for _, ei in graphs]
     cvs = [s["degree_cv"] for s in stats] + [s["out_degree_cv"] for s in stats]
     suite = gnn_suite(configs, num_edges=int(graphs[0][1].shape[1]), cv_range=(min(cvs), max(cvs)))
-    model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
-
-    x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
-        rt.device, getattr(torch, base.dtype))
+    if measuring:
+        model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
+                                 **calibration_options(cfg))
+        x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
+            rt.device, getattr(torch, base.dtype))
+    else:
+        model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     workloads = []
     generator_name = cfg["graph"]["generator"]["_target_"].rsplit(".", 1)[-1]
     for i, ((value, edge_index), st) in enumerate(zip(graphs, stats)):
         for c in configs:
-            layer = GNNLayer(c, device=rt.device, seed=rt.seed)
-            plan = layer.set_graph(edge_index)
-            workloads.append(Workload(c.backend, gnn_trace(c, plan), lambda layer=layer: layer(x), {
+            if measuring:
+                layer = GNNLayer(c, device=rt.device, seed=rt.seed)
+                plan, run_layer = layer.set_graph(edge_index), (lambda layer=layer: layer(x))
+            else:
+                plan = GraphPlan.from_edge_index(edge_index, c.num_nodes, sorted_by_dst=c.edge_order == "dst_sorted")
+                run_layer = None
+            workloads.append(Workload(c.backend, gnn_trace(c, plan), run_layer, {
                 "point": i, "generator": generator_name, "param": cfg["graph"]["sweep"]["param"], "value": value,
                 "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
-                            references=drift_references(rt, suite), description="measure gnn layers",
-                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
-
-    kp = int(meas["kernel_point"]) % len(graphs)
-    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["profile_iterations"]), timing=rt.timing)
-    per_kernel.to_csv(out / "per_kernel.csv", index=False)
-
-    winners = df[df["winner"]][["value", "degree_cv", "backend"]]
-    summ = summary("gnn_degree", rt.fingerprint.describe(), df, details={
+    details = {
         "layer": {k: cfg["gnn"][k] for k in ("num_nodes", "num_edges", "in_features", "out_features", "kind",
                                               "aggregation", "edge_order")},
         "graph": cfg["graph"]["generator"]["_target_"], "sweep_param": cfg["graph"]["sweep"]["param"],
         "backends": [c.backend for c in configs], "unavailable_backends": unavailable,
         "degree_cv_range": [float(min(s["degree_cv"] for s in stats)), float(max(s["degree_cv"] for s in stats))],
+    }
+    if not measuring:
+        return _predict_only(cfg, rt, model, workloads, details, out)
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                            references=drift_references(rt, suite), description="measure gnn layers",
+                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
+
+    kp = int(meas["point"]) % len(graphs)
+    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
+                                  iterations=int(meas["iterations"]), timing=rt.timing)
+    per_kernel.to_csv(out / "per_kernel.csv", index=False)
+
+    winners = df[df["winner"]][["value", "degree_cv", "backend"]]
+    summ = summary("gnn_degree", rt.fingerprint.describe(), df, details={
+        **details,
         "winner_per_point": winners.to_dict("records"),
         "per_backend_median_ape_pct": {b: {lv: float(g[f"ape_{lv}_pct"].median()) for lv in LEVELS}
                                        for b, g in df.groupby("backend")},
@@ -142,6 +161,27 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                 title=f"GNN layer latency vs {cfg['graph']['sweep']['param']} (ms; APE %)")
     print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['graph']['sweep']['param']}={graphs[kp][0]} (profiler, ms)")
     print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],
+                  details: dict[str, Any], out: Path) -> dict[str, Any]:
+    """measure=false: the sweep's predictions, the common summary with null errors, one plot."""
+    df = predict_workloads(model, workloads)
+    df["predicted_winner"] = df.groupby("point")["pred_L3_s"].transform("min") == df["pred_L3_s"]
+    winners = df[df["predicted_winner"]][["value", "degree_cv", "backend"]]
+    details = {**details, "predicted_winner_per_point": winners.to_dict("records"),
+               "predictions": df[["value", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
+    summ = predict_only_summary("gnn_degree", model.fingerprint.describe(), df, details=details)
+    write_outputs(out, df, summ)
+    param = cfg["graph"]["sweep"]["param"]
+    plot_predicted_by_backend(df, "degree_cv", out / "latency_vs_skew.png", symlog_x=True,
+                              xlabel=f"in-degree coefficient of variation ({param} swept)",
+                              title="GNN layer (predicted only): latency vs degree skew")
+    print_table(df, {"value": "", "backend": "", "degree_cv": ".2f", "pred_L0_s": "ms", "pred_L2_s": "ms",
+                     "pred_L3_s": "ms", "predicted_winner": ""},
+                title=f"GNN layer predicted latency vs {param} (ms; measure=false: nothing measured)")
     console.print(f"outputs in {out}")
     return summ
 

@@ -5,6 +5,10 @@ imbalance metrics, FLOPs, the L0-L3 predictions of the layer's trace, and the re
 module's measured latency (interleaved rounds). One skewed point is also profiled kernel
 by kernel. Outputs: results.csv, per_kernel.csv, summary.json, latency_vs_concentration.png,
 predicted_vs_measured.png.
+
+``measure=false`` predicts only: no layer is built or timed and nothing is calibrated
+(the profile's fitted model as it is); results.csv holds the predictions, summary.json
+the common schema with null errors, and the plot shows the predicted curves.
 """
 
 from __future__ import annotations
@@ -22,15 +26,19 @@ import torch  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
-    backend_list, calibration_options, check_common, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
-    print_table, summary, write_outputs,
+    backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
+    output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured, predict_only_summary,
+    print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, print_kernel_breakdown  # noqa: E402
-from sim.calibration import calibrated_model, drift_references, moe_suite  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
+from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
 from sim.routing import check_capacity_factor, route  # noqa: E402
 
+
+#: this experiment can predict without measuring (``measure=false``)
+MEASURES = "optional"
 
 def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     """(sweep value, generator) per point; every value validated before anything runs."""
@@ -78,16 +86,21 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
         raise ValueError(f"no requested MoE backend can run here: {unavailable}")
-    meas = cfg["measure"]
+    meas = cfg["per_kernel"]
+    measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
 
     suite = moe_suite(configs)
-    model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
+    if measuring:
+        model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)),
+                                 **calibration_options(cfg))
+    else:
+        model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     base = configs[0]
-    x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
-        rt.device, getattr(torch, base.dtype))
-    layers = {c.backend: MoELayer(c, device=rt.device, seed=rt.seed) for c in configs}
+    if measuring:
+        x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
+            rt.device, getattr(torch, base.dtype))
+        layers = {c.backend: MoELayer(c, device=rt.device, seed=rt.seed) for c in configs}
     workloads = []
     for i, (value, gen) in enumerate(generators):
         routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
@@ -96,28 +109,33 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         columns = {"point": i, "generator": type(gen).__name__, "param": cfg["routing"]["sweep"]["param"],
                    "value": value, **routing.metrics()}
         for c in configs:
-            layer = layers[c.backend]
-            workloads.append(Workload(c.backend, moe_trace(c, plan), lambda layer=layer, r=routing: layer(x, r),
+            run_layer = (lambda layer=layers[c.backend], r=routing: layer(x, r)) if measuring else None
+            workloads.append(Workload(c.backend, moe_trace(c, plan), run_layer,
                                       {**columns, "backend": c.backend, "model_flops": c.useful_flops(plan.assignments)}))
+    details = {
+        "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
+        "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
+        "capacity_factor": capacity, "backends": [c.backend for c in configs], "unavailable_backends": unavailable,
+        "model_profile": str(model.fingerprint.id),
+    }
+    if not measuring:
+        return _predict_only(cfg, rt, model, workloads, details, out)
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
                             references=drift_references(rt, suite), description="measure moe layers",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
 
     # --- per-kernel errors at one skewed point, every backend
-    kp = int(meas["kernel_point"]) % len(generators)
+    kp = int(meas["point"]) % len(generators)
     per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["profile_iterations"]), timing=rt.timing)
+                                  iterations=int(meas["iterations"]), timing=rt.timing)
     per_kernel.to_csv(out / "per_kernel.csv", index=False)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
-        "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
-        "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
-        "capacity_factor": capacity, "backends": [c.backend for c in configs], "unavailable_backends": unavailable,
+        **details,
         "model_flops_constant": bool(df["model_flops"].nunique() == 1),
         "latency_ratio_max_over_min_per_backend": df.groupby("backend")["measured_s"].agg(lambda s: s.max() / s.min()).to_dict(),
         "per_backend_median_ape_pct": {b: {lv: float(g[f"ape_{lv}_pct"].median()) for lv in LEVELS} for b, g in df.groupby("backend")},
         "kernel_point": {"index": kp, "value": generators[kp][0]},
-        "model_profile": str(model.fingerprint.id),
     })
     write_outputs(out, df, summ)
     _plots(df, out, cfg)
@@ -127,6 +145,25 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                 title=f"MoE layer latency vs {cfg['routing']['sweep']['param']} (ms; APE %)")
     print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['routing']['sweep']['param']}={generators[kp][0]} (profiler, ms)")
     print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],
+                  details: dict[str, Any], out: Path) -> dict[str, Any]:
+    """measure=false: the sweep's predictions, the common summary with null errors, one plot."""
+    df = predict_workloads(model, workloads)
+    details = {**details, "model_flops_constant": bool(df["model_flops"].nunique() == 1),
+               "predictions": df[["value", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
+    summ = predict_only_summary("moe_skew", model.fingerprint.describe(), df, details=details)
+    write_outputs(out, df, summ)
+    param = cfg["routing"]["sweep"]["param"] or "point"
+    plot_predicted_by_backend(df, "max_over_mean", out / "latency_vs_concentration.png",
+                              xlabel=f"expert load max/mean (routing {param} swept)",
+                              title="MoE layer (predicted only): latency vs routing concentration")
+    print_table(df, {"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "pred_L0_s": "ms",
+                     "pred_L2_s": "ms", "pred_L3_s": "ms"},
+                title=f"MoE layer predicted latency vs {param} (ms; measure=false: nothing measured)")
     console.print(f"outputs in {out}")
     return summ
 

@@ -25,6 +25,9 @@ from costmodel.runtime import Runtime
 from experiments.common import add_errors, check_common, config_dict, console, output_dir, print_summary, print_table, summary, write_outputs
 
 
+#: this experiment reads profiles and results and times nothing
+MEASURES = "never"
+
 def latest_results(patterns: list[str]) -> pd.DataFrame:
     """The newest results.csv of every other experiment, stacked, with its experiment name."""
     newest: dict[str, Path] = {}

@@ -27,7 +27,7 @@ from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, sum
 class Workload:
     label: str  # short name for tables and plots
     trace: Sequence[KernelSpec]  # what it executes
-    run: Callable[[], Any]  # runs it once
+    run: Callable[[], Any] | None  # runs it once (None: predicted only, measure=false)
     columns: dict[str, Any] = field(default_factory=dict)  # experiment-specific descriptors
 
     @property

@@ -52,8 +52,8 @@ if [ "$DRY_RUN" = "1" ]; then
           timing.min_run_time_s=0.006 timing.min_runs=3 timing.rounds=1 timing.retries=0)
   BENCH=(suite=tiny bench.progress=false)
   declare -A SIZES=(
-    [moe_skew]="moe.tokens=64 moe.d_model=32 moe.d_ff=32 moe.num_experts=4 moe.top_k=2 routing.sweep.values=[0.0,3.0] measure.profile_iterations=2"
-    [gnn_degree]="gnn.num_nodes=512 gnn.num_edges=2048 gnn.in_features=8 gnn.out_features=8 gnn.backends=[index_add,sparse_csr] graph.sweep.values=[0.25,0.6] measure.profile_iterations=2"
+    [moe_skew]="moe.tokens=64 moe.d_model=32 moe.d_ff=32 moe.num_experts=4 moe.top_k=2 routing.sweep.values=[0.0,3.0] per_kernel.iterations=2"
+    [gnn_degree]="gnn.num_nodes=512 gnn.num_edges=2048 gnn.in_features=8 gnn.out_features=8 gnn.backends=[index_add,sparse_csr] graph.sweep.values=[0.25,0.6] per_kernel.iterations=2"
     [gemm_same_flops]="gemm.max_operand_bytes=1048576 gemm.flops_levels=[1.0]"
     [mlp_batch]="mlp.d_model=32 mlp.d_hidden=64 mlp.batches=[1,8]"
   )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,7 +43,7 @@ from costmodel.kernels import (
     from_record,
 )
 from costmodel.predictor import CostModel, StaleModelError
-from costmodel.profile import ProfileError
+from costmodel.profile import DeviceProfile, ProfileError
 from costmodel.runners import make_runner
 from costmodel.runtime import Runtime
 from costmodel.suite import capped_power_law_counts, power_law_counts
@@ -108,6 +109,54 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
         model.save(profile)
     model.freshness = report.to_dict()
     return model
+
+
+def fitted_model(rt: Runtime, *, profile_id: str | None = None, cv_folds: int = 4) -> CostModel:
+    """A fitted cost model as it is, measuring nothing (``measure=false``): the saved
+    models, refitted only if the profile changed since they were saved. By default this
+    device's profile; ``profile_id`` (config ``profile.id``, a folder under the profile
+    root) names another device's, chosen explicitly to predict for that device. A missing
+    profile is a clear error, never a calibration."""
+    try:
+        if profile_id is None:
+            profile = rt.open_profile(create=False)
+        else:
+            path = rt.profile_root / str(profile_id)
+            if not path.is_dir():
+                known = sorted(p.name for p in rt.profile_root.glob("*/fingerprint.json")) if rt.profile_root.is_dir() else []
+                raise ProfileError(f"profile.id={profile_id!r}: no profile folder {path}; profiles under "
+                                   f"{rt.profile_root}: {[Path(k).parent.name for k in known] or 'none'}")
+            profile = DeviceProfile.load(path)
+    except ProfileError as err:
+        raise ProfileError(f"measure=false predicts from an existing profile and measures nothing: {err} "
+                           f"(or run the experiment once with measure=true){_near_profiles_hint(rt)}") from None
+    if profile.fingerprint.dtype != rt.dtype:
+        raise ValueError(f"profile {profile.path.name} was measured in dtype={profile.fingerprint.dtype}; "
+                         f"set dtype={profile.fingerprint.dtype} to predict with it (got dtype={rt.dtype})")
+    try:
+        return CostModel.load(profile, expected=profile.fingerprint if profile_id else rt.fingerprint)
+    except (ProfileError, StaleModelError):
+        console.print(f"fitting cost models on {len(profile.kernels())} measured kernels (nothing is measured)")
+        model = CostModel.fit_profile(profile, cv_folds=cv_folds)
+        model.save(profile)
+        return model
+
+
+def _near_profiles_hint(rt: Runtime) -> str:
+    """Profiles under the root that differ from this process only in thread count (a
+    parallel launcher such as joblib limits each worker's threads), as a hint."""
+    near = []
+    for file in sorted(rt.profile_root.glob("*/fingerprint.json")) if rt.profile_root.is_dir() else []:
+        try:
+            other = DeviceProfile.load(file.parent).fingerprint
+        except ProfileError:
+            continue
+        if set(other.differences(rt.fingerprint)) == {"threads"}:
+            near.append(f"threads={other.threads} ({file.parent.name})")
+    if not near:
+        return ""
+    return (f"; this process runs {rt.fingerprint.threads} torch thread(s) (parallel launchers limit each worker's), "
+            f"and profiles of this device exist for {', '.join(near)}: pass that threads=N, or profile.id=<folder>")
 
 
 @dataclass(frozen=True)

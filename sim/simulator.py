@@ -2,6 +2,8 @@
 
 - ``predict_trace``: every kernel of a trace through every cost-model level
   (vectorised), summed per level: predicted end-to-end latency.
+- ``predict_traces``: the same for many traces at once (a design sweep): every distinct
+  kernel over all traces featurised and predicted once, then summed per trace.
 - ``measure_callable``: the real forward pass through the timing harness (median of
   repeats after warm-up, spread kept).
 - ``profile_kernels``: the real forward pass under ``torch.profiler``; each
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,6 +26,7 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from costmodel.features import kernel_table
 from costmodel.kernels import KernelSpec
 from costmodel.models import ExtrapolationWarning
 from costmodel.ops import SCOPE_PREFIX, kernel_scope
@@ -50,14 +54,71 @@ def predict_trace(
         if quiet:
             warnings.simplefilter("ignore", ExtrapolationWarning)
         pred = model.predict(trace, levels)
-    if model.fingerprint.cache == "cold":
-        extra_s = float(model.ceilings.get("cold_call_overhead_s", 0.0))
-        for lv in set(levels) & {"L2", "L3"}:
-            pred[lv] += extra_s
+    for lv in levels:
+        pred[lv] += cold_call_extra_s(model, lv)
     pred.insert(0, "family", [s.family for s in trace])
     pred.insert(1, "kernel", [s.label() for s in trace])
     pred.insert(2, "flops", [s.flops() for s in trace])
     return pred
+
+
+def cold_call_extra_s(model: CostModel, level: str) -> float:
+    """Seconds a kernel of a cold-cache layer pays beyond its profiled time at ``level``
+    (``ceilings.cold_call_overhead_s`` at L2 and L3 of a cold profile; 0 otherwise)."""
+    if model.fingerprint.cache != "cold" or level not in ("L2", "L3"):
+        return 0.0
+    return float(model.ceilings.get("cold_call_overhead_s", 0.0))
+
+
+@dataclass(frozen=True)
+class TraceBatch:
+    """Many traces as one table of their distinct kernels: ``table`` (a kernel table, one
+    row per distinct descriptor), ``flat`` (the table row of every kernel of every trace, in
+    order) and ``lengths`` (kernels per trace)."""
+
+    table: pd.DataFrame
+    flat: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def from_traces(cls, traces: Sequence[Sequence[KernelSpec]]) -> "TraceBatch":
+        unique: dict[KernelSpec, int] = {}
+        lengths = np.fromiter((len(t) for t in traces), dtype=np.int64, count=len(traces))
+        flat = np.fromiter((unique.setdefault(s, len(unique)) for t in traces for s in t), dtype=np.int64,
+                           count=int(lengths.sum()))
+        return cls(kernel_table(unique) if unique else pd.DataFrame(), flat, lengths)
+
+
+def predict_traces(
+    model: CostModel, traces: Sequence[Sequence[KernelSpec]] | TraceBatch, levels: Sequence[str] = LEVELS, *,
+    quiet: bool = True,
+) -> pd.DataFrame:
+    """Predicted end-to-end seconds of many traces, one row per trace: ``pred_<level>_s``
+    per level, plus ``kernels``, ``flops`` and ``bytes_moved`` (sums over the trace).
+
+    Each distinct descriptor over all traces is featurised and predicted once (one kernel
+    table through ``CostModel.predict_table``), then broadcast back and summed per trace
+    with ``np.bincount``; the sums equal ``predict_trace``'s per trace (cold-call overhead
+    included at L2/L3 of a cold profile).
+    """
+    batch = traces if isinstance(traces, TraceBatch) else TraceBatch.from_traces(traces)
+    n = len(batch.lengths)
+    owner = np.repeat(np.arange(n), batch.lengths)
+    out = pd.DataFrame({"kernels": batch.lengths})
+    if batch.table.empty:
+        for col in (*(f"pred_{lv}_s" for lv in levels), "flops", "bytes_moved"):
+            out[col] = 0.0
+        return out
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore", ExtrapolationWarning)
+        pred = model.predict_table(batch.table, levels)
+    for lv in levels:
+        per_kernel = pred[lv].to_numpy()[batch.flat] + cold_call_extra_s(model, lv)
+        out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n)
+    for col in ("flops", "bytes_moved"):
+        out[col] = np.bincount(owner, weights=batch.table[col].to_numpy()[batch.flat], minlength=n)
+    return out
 
 
 def measure_callable(fn: Callable[[], Any], device: torch.device, timing: TimingConfig) -> Measurement:

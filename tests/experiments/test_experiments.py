@@ -18,9 +18,9 @@ SUMMARY_KEYS = {"experiment", "device", "n_points", "noise_cv_pct", "median_ape_
 TINY_TIMING = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=1", "timing.retries=0", "progress=false"]
 TINY = {
     "moe_skew": ["moe.tokens=64", "moe.d_model=32", "moe.d_ff=32", "moe.num_experts=4", "moe.top_k=2",
-                 "routing.sweep.values=[0.0,3.0]", "measure.profile_iterations=2"],
+                 "routing.sweep.values=[0.0,3.0]", "per_kernel.iterations=2"],
     "gnn_degree": ["gnn.num_nodes=512", "gnn.num_edges=2048", "gnn.in_features=8", "gnn.out_features=8",
-                   "gnn.backends=[index_add,sparse_csr]", "graph.sweep.values=[0.25,0.6]", "measure.profile_iterations=2"],
+                   "gnn.backends=[index_add,sparse_csr]", "graph.sweep.values=[0.25,0.6]", "per_kernel.iterations=2"],
     "gemm_same_flops": ["gemm.max_operand_bytes=1048576", "gemm.flops_levels=[1.0]"],
     "mlp_batch": ["mlp.d_model=32", "mlp.d_hidden=64", "mlp.batches=[1,8]"],
     "flops_spectrum": ["spectrum.dense_mlp.batch=16", "spectrum.dense_mlp.sizes=[[16,32],[32,64]]",
@@ -30,6 +30,9 @@ TINY = {
                        "spectrum.gnn.edges=[1024,2048]", "spectrum.gnn.width=8"],
     "placement": ["placement_mix=tiny", "placement.repeats=2"],
     "roofline": [],
+    "moe_design": ["design.tokens=[16,64]", "design.d_model=[32]", "design.ffn_mult=1", "design.num_experts=[4]",
+                   "design.top_k=[1,2]", "design.anchor.tokens=64", "design.anchor.d_model=32",
+                   "design.anchor.num_experts=4", "sample.points=3"],
 }
 
 
@@ -72,6 +75,12 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
         assert set(summary["details"]["experiments_found"]) >= {"moe_skew", "gnn_degree", "mlp_batch"}
     if name == "placement":
         _check_placement_outputs(written, out)
+    if name == "moe_design":  # the measured sample scores the decisions
+        decisions = written["details"]["decisions"]
+        assert set(decisions) >= {"sampled", "separable", "agree_pct", "mean_loss_pct"}
+        assert decisions["sampled"] == 3 and 0 <= decisions["separable"] <= 3
+        assert written["details"]["grid_configs"] == 2 * 1 * 1 * 2 * 9 * 3  # T x D x E x k x routings x backends
+        assert (out / "sample.csv").stat().st_size > 0 and list(out.glob("decisions_*.csv"))
 
 
 def _check_placement_outputs(summary, out):
@@ -98,6 +107,49 @@ def _check_placement_outputs(summary, out):
     assert placed["run_end_s"].gt(placed["run_start_s"]).all()
 
 
+@pytest.mark.parametrize("name", ["moe_design", "moe_skew", "gnn_degree"])
+def test_predict_only_measures_nothing_and_keeps_the_summary_schema(name, shared_profile, tmp_path, monkeypatch):
+    import experiments.common as common
+    import sim.calibration
+
+    if not (shared_profile / "outputs" / name / "run" / "summary.json").exists():  # run alone: calibrate first
+        importlib.import_module(f"experiments.{name}").run(_cfg(name, shared_profile), out_dir=tmp_path / "calibrate")
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("measure=false must time nothing")
+
+    for module in (common, importlib.import_module(f"experiments.{name}"), importlib.import_module("experiments.workloads")):
+        monkeypatch.setattr(module, "measure_interleaved", no_timing, raising=False)
+    monkeypatch.setattr(sim.calibration, "measure_specs", no_timing)
+    out = tmp_path / "out"
+    summary = importlib.import_module(f"experiments.{name}").run(_cfg(name, shared_profile, "measure=false"), out_dir=out)
+    written = json.loads((out / "summary.json").read_text())
+    assert set(written) == SUMMARY_KEYS and written["details"]["measured"] is False
+    assert written["median_ape_pct"] == {lv: None for lv in ("L0", "L1", "L2", "L3")} and written["noise_cv_pct"] is None
+    results = (out / "results.csv").read_text().splitlines()
+    assert written["n_points"] == summary["n_points"] == len(results) - 1 > 0
+    assert "pred_L3_s" in results[0] and "measured_s" not in results[0]
+
+
+def test_predict_only_needs_an_existing_profile(tmp_path):
+    from costmodel.profile import ProfileError
+
+    cfg = _cfg("moe_skew", tmp_path / "empty", "measure=false")
+    with pytest.raises(ProfileError, match="measure=false predicts from an existing profile and measures nothing"):
+        importlib.import_module("experiments.moe_skew").run(cfg, out_dir=tmp_path / "out")
+    assert not (tmp_path / "empty").exists()
+
+
+def test_an_experiment_that_always_measures_refuses_measure_false(tmp_path):
+    import sim.__main__ as entry
+
+    cfg = _cfg("mlp_batch", tmp_path, "measure=false")
+    with pytest.raises(ValueError, match="experiment=mlp_batch always measures; measure=false"):
+        entry.measures(importlib.import_module("experiments.mlp_batch"), cfg)
+    assert entry.measures(importlib.import_module("experiments.moe_design"), cfg) is False
+    assert entry.measures(importlib.import_module("experiments.roofline"), _cfg("roofline", tmp_path)) is False
+
+
 @pytest.mark.parametrize(
     "name, overrides, message",
     [
@@ -119,6 +171,15 @@ def _check_placement_outputs(summary, out):
                        "placement.device_sets.homogeneous.1.memory_bytes=2048"], r"workload 'mlp_balanced' needs .* more than any"),
         ("placement", ["placement_mix.gnn.rmat_a=0.1"], r"placement_mix.gnn: rmat_a must be in"),
         ("placement", ["placement.solver=cplex"], r"placement.solver must be one of \['auto', 'milp', 'lpt'\]"),
+        ("moe_skew", ["profile.id=some-device"], "profile.id='some-device' predicts for another device's profile and needs measure=false"),
+        ("moe_design", ["design.top_k=[]"], r"design.top_k must be a non-empty list of positive integers"),
+        ("moe_design", ["design.tokens=[16,0]"], r"design.tokens must be a non-empty list of positive integers"),
+        ("moe_design", ["design.backends=[loop,megablocks]"], r"design.backends must list distinct backends among"),
+        ("moe_design", ["design.regions=[[tokens,colour]]"], r"design.regions entries must be pairs of"),
+        ("moe_design", ["sample.points=0"], r"sample.points must be a positive integer"),
+        ("moe_design", ["sample.noise_pct=150"], r"sample.noise_pct must be in \[0, 100\)"),
+        ("moe_design", ["design.routings.0.sweep.values=[-1.0]"], r"design.routings\[0\].sweep: exponent=-1.0"),
+        ("moe_design", ["measure=maybe"], "measure must be true or false"),
     ],
 )
 def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path):

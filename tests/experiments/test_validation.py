@@ -44,7 +44,7 @@ def test_every_experiment_validates_its_tiny_config_without_side_effects(name, t
         ("moe_skew", ["threads=0"], r"threads must be a positive integer \(>= 1\) or null"),
         ("moe_skew", ["timing.min_runs=abc"], r"timing.min_runs must be an integer, got 'abc'"),
         ("moe_skew", ["+timing.repeats=3"], r"timing.repeats is not a timing setting; allowed:"),
-        ("moe_skew", ["measure.profile_iterations=0"], r"measure.profile_iterations must be a positive integer"),
+        ("moe_skew", ["per_kernel.iterations=0"], r"per_kernel.iterations must be a positive integer"),
         ("moe_skew", ["seed=-1"], r"seed must be a non-negative integer"),
         ("gnn_degree", ["+graph.generator.sizes=[10,20]"], r"graph.generator: sim.graphs.rmat takes no key 'sizes'; "
                                                            r"allowed: \['a', 'b', 'c', 'd', 'permute'\]"),

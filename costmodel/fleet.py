@@ -1,0 +1,333 @@
+"""`python -m costmodel fleet PROFILE_ROOT [--out DIR]`: every device profile under a root, side by side.
+
+A lab's profiles are one folder per device fingerprint, possibly written by many machines
+at once on a shared file system (every profile file is written atomically, so a reader
+sees complete files; models older than their profile are used and marked stale). For
+each profile found under the root (any depth):
+
+- ceilings: measured peak FLOP/s, memory bandwidth, per-call overhead (and the cold-call
+  overhead of a cold-cache profile), ridge point = peak / bandwidth (Williams, Waterman &
+  Patterson, "Roofline", CACM 2009);
+- per-family achieved efficiency: the median, over the profile's kernels of a family, of
+  achieved FLOP/s / peak (bytes/s / bandwidth for kernels without arithmetic: gather,
+  sort, histogram, copies; ``costmodel.models.kernel_work``);
+- the same reference workloads predicted on each device at L0 (FLOPs / peak) and L3 (the
+  device's fitted model), with each level's ranking of the devices: where the two
+  rankings differ, FLOPs would have bought the wrong device. The workloads
+  (``sim.reference``): the ``moe_skew`` default layer at three routing concentrations, the
+  ``gnn_degree`` default layer, and a dense MLP.
+
+This command consumes predictions, so it sits above the simulator and imports ``sim``
+(the one command of this package that does). A corrupt profile is skipped with a
+warning, the rest kept; an empty root is an error. Outputs in ``--out`` (default
+outputs/fleet/<time>): fleet_ceilings.csv, fleet_efficiency.csv, fleet_predictions.csv,
+fleet.png; rich tables on the console.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from costmodel.device import Fingerprint  # noqa: E402
+from costmodel.models import BYTE_WORK_FAMILIES, kernel_work  # noqa: E402
+from costmodel.predictor import CostModel, StaleModelError  # noqa: E402
+from costmodel.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
+
+log = logging.getLogger(__name__)
+console = Console(width=160)
+LEVELS = ("L0", "L3")
+
+
+class FleetError(RuntimeError):
+    """The profile root holds no usable device profile."""
+
+
+@dataclass
+class Device:
+    """One profile of the fleet, read once."""
+
+    label: str
+    path: Path
+    fingerprint: Fingerprint
+    ceilings: Mapping[str, Any]
+    kernels: pd.DataFrame
+    model: CostModel | None
+    notes: list[str] = field(default_factory=list)
+
+
+def find_profiles(root: Path) -> list[Path]:
+    """Every folder under ``root`` (any depth) holding a fingerprint.json, sorted."""
+    return sorted({f.parent for f in root.rglob(FINGERPRINT)})
+
+
+def load_device(path: Path) -> Device:
+    """Read a profile and its models; ProfileError (or any read error) when it is corrupt."""
+    profile = DeviceProfile.load(path)
+    ceilings = profile.ceilings()
+    if ceilings is None:
+        raise ProfileError(f"{path} has no ceilings.json (its bench has not measured them yet)")
+    for key in ("peak_flops_per_s", "bandwidth_bytes_per_s", "overhead_s"):
+        value = ceilings.get(key)
+        if not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+            raise ProfileError(f"{path / 'ceilings.json'} is corrupted: {key} must be a positive number, got {value!r}")
+    kernels = profile.kernels()
+    notes: list[str] = []
+    try:
+        model = CostModel.load(profile)
+    except StaleModelError:
+        model = CostModel.load(profile, allow_stale=True)
+        notes.append("models older than the profile (a bench may be writing it): used as they are")
+    except ProfileError:  # no models saved yet: fit in memory, never write into another machine's profile
+        if len(kernels) >= 10:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = CostModel.fit_profile(profile)
+            notes.append(f"no saved models: fitted now on {len(kernels)} kernels (not saved)")
+        else:
+            model = None
+            notes.append(f"no saved models and only {len(kernels)} kernels: no L3")
+    return Device(path.name, path, profile.fingerprint, ceilings, kernels, model, notes)
+
+
+def load_fleet(root: str | Path) -> tuple[list[Device], list[tuple[Path, str]]]:
+    """Every readable profile under ``root``; corrupt ones are skipped with a warning."""
+    root = Path(root)
+    if not root.is_dir():
+        raise FleetError(f"profile root {root} does not exist or is not a folder")
+    paths = find_profiles(root)
+    if not paths:
+        raise FleetError(f"no device profiles under {root} (looked for <profile>/{FINGERPRINT} at any depth); "
+                         "write one with `python -m costmodel bench profile.root=...`")
+    devices, skipped = [], []
+    for path in paths:
+        try:
+            devices.append(load_device(path))
+        except Exception as err:  # a corrupt file of any kind: skip this profile, keep the rest
+            reason = f"{type(err).__name__}: {err}"
+            skipped.append((path, reason))
+            log.warning("skipping profile %s: %s", path, reason)
+            console.print(f"[yellow]warning: skipping profile {path}: {reason}[/]")
+    if not devices:
+        raise FleetError(f"no readable device profile under {root}: all {len(paths)} were skipped")
+    _label(devices)
+    return devices, skipped
+
+
+def _label(devices: Sequence[Device]) -> None:
+    """Short readable labels; the fingerprint id's hash where two would read the same."""
+    for d in devices:
+        fp = d.fingerprint
+        name = fp.device_name.replace("(R)", "").replace("Processor", "").replace("  ", " ").strip()
+        d.label = f"{name} t{fp.threads} {fp.dtype} {fp.cache}"
+    counts = pd.Series([d.label for d in devices]).value_counts()
+    for d in devices:
+        if counts[d.label] > 1:
+            d.label += f" #{d.path.name[-6:]}"
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def ceilings_table(devices: Sequence[Device]) -> pd.DataFrame:
+    rows = []
+    for d in devices:
+        c, fp = d.ceilings, d.fingerprint
+        rows.append({
+            "device": d.label, "kind": fp.device_kind, "torch": fp.torch_version, "threads": fp.threads, "dtype": fp.dtype,
+            "cache": fp.cache, "kernels": len(d.kernels), "peak_gflops": c["peak_flops_per_s"] / 1e9,
+            "bandwidth_gb_s": c["bandwidth_bytes_per_s"] / 1e9, "overhead_us": c["overhead_s"] * 1e6,
+            "cold_call_us": c.get("cold_call_overhead_s", float("nan")) * 1e6,
+            "ridge_flops_per_byte": c["peak_flops_per_s"] / c["bandwidth_bytes_per_s"],
+            "notes": "; ".join(d.notes), "profile": d.path.name,
+        })
+    return pd.DataFrame(rows)
+
+
+def efficiency_table(devices: Sequence[Device]) -> pd.DataFrame:
+    """Per device and family: kernels, median achieved rate and its share of the ceiling."""
+    rows = []
+    for d in devices:
+        k = d.kernels
+        if k.empty:
+            continue
+        work = kernel_work(k)
+        rate = work / k["median_s"].to_numpy(dtype=np.float64)
+        by_bytes = k["family"].isin(BYTE_WORK_FAMILIES).to_numpy() | (k["flops"].to_numpy() <= 0)
+        ceiling = np.where(by_bytes, d.ceilings["bandwidth_bytes_per_s"], d.ceilings["peak_flops_per_s"])
+        frame = pd.DataFrame({"family": k["family"], "rate": rate, "share": rate / ceiling, "by_bytes": by_bytes})
+        for family, g in frame.groupby("family"):
+            bytes_work = bool(g["by_bytes"].all())
+            rows.append({"device": d.label, "family": family, "kernels": len(g),
+                         "ceiling": "bandwidth" if bytes_work else "peak",
+                         "median_achieved": float(g["rate"].median()) / 1e9,
+                         "unit": "GB/s" if bytes_work else "GFLOP/s",
+                         "median_pct_of_ceiling": 100 * float(g["share"].median())})
+    return pd.DataFrame(rows)
+
+
+def predictions_table(devices: Sequence[Device], workloads_for: Any) -> pd.DataFrame:
+    """Per workload and device: L0 and L3 predicted seconds and each level's device ranking
+    (1 = fastest, among the devices that could predict it). ``workloads_for(dtype)`` gives
+    {name: trace} in that dtype."""
+    from sim.simulator import predict_trace
+
+    rows = []
+    for d in devices:
+        workloads = workloads_for(d.fingerprint.dtype)
+        for name, trace in workloads.items():
+            row: dict[str, Any] = {"workload": name, "device": d.label, "note": ""}
+            for lv in LEVELS:
+                if d.model is None:
+                    row[f"{lv}_s"], row["note"] = float("nan"), "no fitted model"
+                    continue
+                try:
+                    row[f"{lv}_s"] = float(predict_trace(d.model, trace, [lv], quiet=True)[lv].sum())
+                except ValueError as err:  # e.g. a profile without this workload's kernel families
+                    row[f"{lv}_s"], row["note"] = float("nan"), str(err).split(";")[0]
+            rows.append(row)
+    df = pd.DataFrame(rows)
+    for lv in LEVELS:
+        df[f"rank_{lv}"] = df.groupby("workload")[f"{lv}_s"].rank(method="min").astype("Int64")
+    df["rankings_differ"] = df["rank_L0"] != df["rank_L3"]
+    return df
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _table(df: pd.DataFrame, columns: Mapping[str, str], title: str) -> None:
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for _, row in df.iterrows():
+        cells = []
+        for col, spec in columns.items():
+            v = row[col]
+            if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+                cells.append("-")
+            elif spec == "ms":
+                cells.append(f"{v * 1e3:,.3f}")
+            else:
+                cells.append(str(v) if spec == "" else format(v, spec))
+        table.add_row(*cells)
+    console.print(table)
+
+
+def plot_fleet(ceil: pd.DataFrame, eff: pd.DataFrame, pred: pd.DataFrame, path: Path) -> None:
+    """Three panels, devices side by side: ceilings, per-family efficiency, predicted latency."""
+    devices = list(ceil["device"])
+    width = 0.8 / max(len(devices), 1)
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
+    metrics = [("peak_gflops", "peak GFLOP/s"), ("bandwidth_gb_s", "bandwidth GB/s"), ("ridge_flops_per_byte", "ridge FLOP/B"),
+               ("overhead_us", "overhead us")]
+    for i, dev in enumerate(devices):
+        row = ceil[ceil["device"] == dev].iloc[0]
+        xs = np.arange(len(metrics)) + (i - (len(devices) - 1) / 2) * width
+        axes[0].bar(xs, [row[m] for m, _ in metrics], width, label=dev, color=f"C{i}")
+    axes[0].set_xticks(range(len(metrics)), [label for _, label in metrics], fontsize=8)
+    axes[0].set_yscale("log")
+    axes[0].set_title("measured ceilings", fontsize=10)
+    families = sorted(eff["family"].unique()) if len(eff) else []
+    for i, dev in enumerate(devices):
+        g = eff[eff["device"] == dev].set_index("family") if len(eff) else pd.DataFrame()
+        xs = np.arange(len(families)) + (i - (len(devices) - 1) / 2) * width
+        axes[1].bar(xs, [g["median_pct_of_ceiling"].get(f, np.nan) if len(g) else np.nan for f in families], width,
+                    color=f"C{i}")
+    axes[1].set_xticks(range(len(families)), families, rotation=45, ha="right", fontsize=8)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("median achieved / ceiling [%]")
+    axes[1].set_title("per-family achieved efficiency (peak, or bandwidth for byte-bound families)", fontsize=10)
+    names = list(dict.fromkeys(pred["workload"]))
+    for i, dev in enumerate(devices):
+        g = pred[pred["device"] == dev].set_index("workload")
+        xs = np.arange(len(names)) + (i - (len(devices) - 1) / 2) * width
+        axes[2].bar(xs, [g["L3_s"].get(n, np.nan) * 1e3 for n in names], width, color=f"C{i}")
+        axes[2].scatter(xs, [g["L0_s"].get(n, np.nan) * 1e3 for n in names], marker="_", s=200, color="k", zorder=3,
+                        label="L0 = FLOPs / peak" if i == 0 else None)
+    axes[2].set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=7)
+    axes[2].set_yscale("log")
+    axes[2].set_ylabel("predicted latency [ms]")
+    axes[2].set_title("reference workloads: L3 (bars) vs L0 (black ticks)", fontsize=10)
+    axes[2].legend(fontsize=7)
+    axes[0].legend(fontsize=7, loc="lower left")
+    for ax in axes:
+        ax.grid(True, axis="y", which="both", alpha=0.2)
+    fig.suptitle("device fleet, side by side", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(root: str | Path, out: str | Path | None = None) -> dict[str, pd.DataFrame]:
+    """The fleet report: tables printed and written, the plot drawn; returns the tables."""
+    from sim.reference import reference_workloads
+
+    devices, skipped = load_fleet(root)
+    out = Path(out) if out is not None else Path("outputs") / "fleet" / time.strftime("%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
+    cache: dict[str, dict] = {}
+
+    def workloads_for(dtype: str) -> dict:
+        if dtype not in cache:
+            cache[dtype] = reference_workloads(dtype)
+        return cache[dtype]
+
+    ceil = ceilings_table(devices)
+    eff = efficiency_table(devices)
+    pred = predictions_table(devices, workloads_for)
+    ceil.to_csv(out / "fleet_ceilings.csv", index=False)
+    eff.to_csv(out / "fleet_efficiency.csv", index=False)
+    pred.to_csv(out / "fleet_predictions.csv", index=False)
+    plot_fleet(ceil, eff, pred, out / "fleet.png")
+
+    _table(ceil, {"device": "", "kind": "", "kernels": "", "peak_gflops": ".1f", "bandwidth_gb_s": ".1f",
+                  "overhead_us": ".2f", "cold_call_us": ".1f", "ridge_flops_per_byte": ".1f", "notes": ""},
+           title=f"{len(devices)} device profiles under {root}: measured ceilings")
+    if len(eff):
+        wide = eff.assign(cell=[f"{p:.1f}% ({r:.1f} {u})" for p, r, u in
+                                zip(eff["median_pct_of_ceiling"], eff["median_achieved"], eff["unit"])])
+        wide = wide.pivot(index="device", columns="family", values="cell").reset_index()
+        _table(wide, {c: "" for c in wide.columns},
+               title="per-family achieved efficiency: median % of the ceiling (median achieved rate)")
+    _table(pred, {"workload": "", "device": "", "L0_s": "ms", "rank_L0": "", "L3_s": "ms", "rank_L3": "", "note": ""},
+           title="reference workloads predicted on each device (ms) and each level's device ranking (1 = fastest)")
+    differ = pred[pred["rankings_differ"] & pred["rank_L0"].notna() & pred["rank_L3"].notna()]["workload"].unique()
+    message = (f"L0 ranks the devices differently from L3 for {len(differ)} of {pred['workload'].nunique()} workloads"
+               + (f": {', '.join(differ)}" if len(differ) else ""))
+    console.print(message)
+    log.info(message)
+    if skipped:
+        console.print(f"[yellow]{len(skipped)} corrupt profile(s) skipped: {', '.join(str(p) for p, _ in skipped)}[/]")
+    console.print(f"outputs in {out}")
+    return {"ceilings": ceil, "efficiency": eff, "predictions": pred,
+            "skipped": pd.DataFrame(skipped, columns=["path", "reason"])}
+
+
+def main(argv: Sequence[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m costmodel fleet", description=__doc__.splitlines()[0])
+    parser.add_argument("root", help="folder holding device profiles (any depth)")
+    parser.add_argument("--out", default=None, help="output folder (default outputs/fleet/<time>)")
+    args = parser.parse_args(list(argv))
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[logging.NullHandler()])
+    try:
+        run(args.root, args.out)
+    except FleetError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,471 @@
+"""experiment=moe_design: which MoE expert backend is fastest where, predicted for a whole grid.
+
+Predicts, without running anything, every configuration of a grid (tokens x d_model x
+experts x top_k x routing generator and concentration x backend, ``design.*``): one routing
+drawn per (tokens, experts, top_k, routing), one ``DispatchPlan`` and trace per layer, and
+every distinct kernel of all traces predicted once as one kernel table
+(``sim.simulator.predict_traces``). The cost model is the device's fitted model as it is:
+the grid's shapes are not calibrated (L3 extrapolates; ``details.profile_coverage`` says how
+much of the grid lies inside what the profile measured). With ``measure=true`` only the
+``design.anchor`` layer's kernels are calibrated, and only when the profile lacks them.
+
+The decision table, per region (``design.regions``, e.g. tokens x experts): the fastest
+backend by L3 (the one fastest at most of the region's design points, with that share),
+its median predicted margin over the next backend, and the share of points where L0
+(FLOPs / peak) would have chosen differently (L0 sees the same useful FLOPs for every
+backend, so it mostly cannot tell them apart: ties are broken in ``design.backends`` order).
+
+With ``measure=true``, ``sample.points`` design points (half nearest the L3 decision
+boundary, half stratified over regions; only points small enough to time, ``sample.*``) are
+timed for real on every backend (``measure_interleaved``, backends interleaved per point),
+and ``details.decisions`` scores the decisions: ``sampled``, ``separable`` (points whose two
+fastest measured backends differ by more than the noise: both IQRs and ``sample.noise_pct``
+of the faster), ``agree_pct`` (predicted-fastest = measured-fastest, over separable points)
+and ``mean_loss_pct`` (latency lost by following the prediction where it disagrees).
+
+Outputs: results.csv (one row per configuration), decisions_<rows>_x_<cols>.csv and .png
+per region pair, sample.csv (measured points), summary.json (the common schema; errors
+over the measured sample, null with ``measure=false``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.colors import ListedColormap  # noqa: E402
+
+from costmodel.bench import make_progress  # noqa: E402
+from costmodel.predictor import CostModel  # noqa: E402
+from costmodel.runtime import Runtime  # noqa: E402
+from experiments.common import (  # noqa: E402
+    add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep, measure_interleaved, output_dir, predict_only_summary, print_summary,
+    print_table, summary, write_outputs,
+)
+from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
+from sim.moe_layer import MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
+from sim.routing import route  # noqa: E402
+from sim.simulator import TraceBatch, predict_traces  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+#: columns a decision region may be drawn over
+REGION_COLUMNS = ("tokens", "d_model", "num_experts", "top_k", "routing", "generator")
+#: L0 predictions within this relative distance of the best count as a tie (L0 cannot choose)
+L0_TIE_REL = 1e-3
+#: this experiment can predict without measuring (``measure=false``)
+MEASURES = "optional"
+GRID_AXES = ("tokens", "d_model", "num_experts", "top_k")
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _positive_ints(design: Mapping[str, Any], key: str) -> list[int]:
+    values = list(design[key])
+    if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
+        raise ValueError(f"design.{key} must be a non-empty list of positive integers (>= 1), got {values!r}")
+    return values
+
+
+def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Every design key validated (clear errors naming the key) before any work."""
+    d = cfg["design"]
+    axes = {k: _positive_ints(d, k) for k in GRID_AXES}
+    mult = d["ffn_mult"]
+    if not isinstance(mult, int) or mult < 1:
+        raise ValueError(f"design.ffn_mult must be a positive integer (>= 1), got {mult!r}")
+    backends = list(d["backends"])
+    bad = [b for b in backends if b not in MOE_BACKENDS]
+    if not backends or bad or len(set(backends)) != len(backends):
+        raise ValueError(f"design.backends must list distinct backends among {list(MOE_BACKENDS)}, got {backends!r}")
+    capacity = d.get("capacity_factor")
+    if capacity is not None and not (isinstance(capacity, (int, float)) and capacity > 0):
+        raise ValueError(f"design.capacity_factor must be > 0 or null, got {capacity!r}")
+    if not d["routings"]:
+        raise ValueError("design.routings must list at least one routing generator")
+    routings = []  # (label, generator name, param, value, generator)
+    for i, section in enumerate(d["routings"]):
+        name = str(section["generator"].get("_target_", "?")).rsplit(".", 1)[-1].replace("Routing", "").lower()
+        param = section["sweep"]["param"]
+        for value, gen in instantiate_sweep(section, f"design.routings[{i}]"):
+            label = name if param is None else f"{name} {param}={value:g}"
+            routings.append((label, name, param, value, gen))
+    regions = [list(r) for r in d["regions"]]
+    for r in regions:
+        if len(r) != 2 or any(c not in REGION_COLUMNS for c in r):
+            raise ValueError(f"design.regions entries must be pairs of {list(REGION_COLUMNS)}, got {r!r}")
+    if not regions:
+        raise ValueError("design.regions must list at least one pair of columns")
+    s = cfg["sample"]
+    if not isinstance(s["points"], int) or s["points"] < 1:
+        raise ValueError(f"sample.points must be a positive integer (>= 1), got {s['points']!r}")
+    for key in ("max_weight_bytes", "max_predicted_s"):
+        if not (isinstance(s[key], (int, float)) and s[key] > 0):
+            raise ValueError(f"sample.{key} must be > 0, got {s[key]!r}")
+    if not (isinstance(s["noise_pct"], (int, float)) and 0 <= s["noise_pct"] < 100):
+        raise ValueError(f"sample.noise_pct must be in [0, 100), got {s['noise_pct']!r}")
+    anchor = dict(d["anchor"])
+    return {**axes, "ffn_mult": mult, "backends": backends, "capacity_factor": capacity, "routings": routings,
+            "regions": regions, "expert": str(d["expert"]), "anchor": anchor}
+
+
+# ----------------------------------------------------------------------------- grid
+
+
+def build_grid(spec: Mapping[str, Any], dtype: str, seed: int) -> tuple[pd.DataFrame, list, dict]:
+    """One row per configuration (design point x backend) with its routing metrics, the
+    traces in row order, and the routing of every (tokens, experts, top_k, routing) key."""
+    rows: list[dict[str, Any]] = []
+    traces: list = []
+    routings: dict[tuple, Any] = {}
+    point = 0
+    shape_axes = itertools.product(spec["tokens"], spec["num_experts"], spec["top_k"], enumerate(spec["routings"]))
+    for t, e, k, (ri, (label, name, param, value, gen)) in shape_axes:
+        if k > e:
+            continue
+        key = (t, e, k, ri)
+        routing = route(gen, tokens=t, num_experts=e, top_k=k, seed=seed + len(routings),
+                        capacity_factor=spec["capacity_factor"])
+        routings[key] = routing
+        plan = DispatchPlan.from_routing(routing)
+        metrics = routing.metrics()
+        for d in spec["d_model"]:
+            for b in spec["backends"]:
+                c = MoEConfig(tokens=t, d_model=d, d_ff=spec["ffn_mult"] * d, num_experts=e, top_k=k,
+                              expert=spec["expert"], backend=b, dtype=dtype)
+                traces.append(moe_trace(c, plan))
+                rows.append({"point": point, "tokens": t, "d_model": d, "d_ff": c.d_ff, "num_experts": e, "top_k": k,
+                             "routing": label, "generator": name, "param": param, "value": value, "routing_key": ri,
+                             **metrics, "backend": b, "model_flops": c.useful_flops(plan.assignments)})
+            point += 1
+    return pd.DataFrame(rows), traces, routings
+
+
+def point_decisions(df: pd.DataFrame, backends: Sequence[str]) -> pd.DataFrame:
+    """Per design point: L3's fastest backend, the next one and its margin, and L0's choice
+    (ties within ``L0_TIE_REL`` broken in ``backends`` order, flagged ``l0_tie``)."""
+    wide = {lv: df.pivot(index="point", columns="backend", values=f"pred_{lv}_s")[list(backends)] for lv in ("L0", "L3")}
+    l3 = wide["L3"].to_numpy()
+    rank = np.argsort(l3, axis=1, kind="stable")
+    best, second = l3[np.arange(len(l3)), rank[:, 0]], (l3[np.arange(len(l3)), rank[:, 1]] if l3.shape[1] > 1 else np.nan)
+    l0 = wide["L0"].to_numpy()
+    l0_best = l0.min(axis=1, keepdims=True)
+    tied = np.abs(l0 / l0_best - 1) <= L0_TIE_REL
+    l0_choice = tied.argmax(axis=1)  # first backend (in configured order) within the tie of the minimum
+    names = np.array(backends)
+    out = pd.DataFrame({
+        "point": wide["L3"].index, "fastest_L3": names[rank[:, 0]],
+        "next_L3": names[rank[:, 1]] if l3.shape[1] > 1 else None,
+        "margin_L3_pct": 100 * (second / best - 1), "fastest_L0": names[l0_choice], "l0_tie": tied.sum(axis=1) > 1,
+    })
+    out["l0_differs"] = out["fastest_L0"] != out["fastest_L3"]
+    return out
+
+
+def region_table(points: pd.DataFrame, rows: str, cols: str) -> pd.DataFrame:
+    """Per region (rows x cols): fastest backend by L3 (most often fastest), the share of
+    points where it is, the median margin over the next backend there, and how often L0
+    would have chosen differently (and how often L0 could not tell the backends apart)."""
+    def one(g: pd.DataFrame) -> pd.Series:
+        counts = g["fastest_L3"].value_counts()
+        winner = counts.index[0]
+        won = g[g["fastest_L3"] == winner]
+        return pd.Series({
+            "points": len(g), "fastest_L3": winner, "fastest_share_pct": 100 * counts.iloc[0] / len(g),
+            "median_margin_pct": float(won["margin_L3_pct"].median()),
+            "l0_differs_pct": 100 * float(g["l0_differs"].mean()), "l0_tie_pct": 100 * float(g["l0_tie"].mean()),
+        })
+
+    return points.groupby([rows, cols], sort=False).apply(one, include_groups=False).reset_index()
+
+
+def coverage_summary(model: CostModel, table: pd.DataFrame, profile_rows: int) -> dict[str, Any]:
+    """Whether the fitted profile covers the grid's kernels (L3's fitted feature ranges)."""
+    per_family = model.levels["L3"].coverage(table)
+    rows = sum(f["rows"] for f in per_family.values())
+    inside = sum(f["rows"] * f["in_range_pct"] / 100 for f in per_family.values())
+    return {
+        "covered": all(f["in_range_pct"] >= 100 for f in per_family.values()),
+        "distinct_kernels": rows, "in_range_pct": round(100 * inside / rows, 2) if rows else None,
+        "profile_kernels": profile_rows,
+        "note": "the grid's shapes were not calibrated: outside the fitted ranges L3 extrapolates "
+                "(log-efficiency clipped to the range it was fitted on)",
+        "per_family": per_family,
+    }
+
+
+# ----------------------------------------------------------------------------- sample
+
+
+def choose_sample(points: pd.DataFrame, n: int, seed: int) -> list[int]:
+    """Up to ``n`` eligible design points: half nearest the L3 decision boundary (the
+    smallest margin per region first, so they spread over regions), half drawn at random,
+    round-robin over regions (stratified). ``points`` has point, region, margin_L3_pct,
+    eligible."""
+    cand = points[points["eligible"]]
+    if n >= len(cand):
+        return sorted(cand["point"].tolist())
+    rng = np.random.default_rng(seed)
+    by_margin = cand.sort_values(["margin_L3_pct", "point"])
+    chosen = by_margin.drop_duplicates("region")["point"].tolist()[: n // 2]
+    chosen += [p for p in by_margin["point"] if p not in chosen][: n // 2 - len(chosen)]
+    rest = cand[~cand["point"].isin(chosen)]
+    pools = {r: list(rng.permutation(g["point"].to_numpy())) for r, g in rest.groupby("region", sort=True)}
+    regions = list(rng.permutation(sorted(pools)))
+    while len(chosen) < n and any(pools.values()):
+        for r in regions:
+            if pools[r] and len(chosen) < n:
+                chosen.append(int(pools[r].pop()))
+    return sorted(int(p) for p in chosen)
+
+
+def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: float) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Score the predicted choices on measured points: ``sample`` has one row per (point,
+    backend) with measured_s, measured_iqr_s, pred_L0_s, pred_L3_s.
+
+    A point is *separable* when the gap between its two fastest measured backends exceeds
+    both their IQRs and ``noise_pct`` % of the faster; ``agree_pct`` is the share of
+    separable points where L3's fastest is the measured fastest; ``mean_loss_pct`` the mean
+    latency lost (measured, % over the fastest) at the separable points where it is not
+    (0 when it always agrees). The same for L0 (ties broken in ``backends`` order)."""
+    per_point = []
+    for p, g in sample.groupby("point", sort=True):
+        g = g.set_index("backend").loc[[b for b in backends if b in set(g["backend"])]]
+        meas = g["measured_s"].sort_values(kind="stable")
+        t1, t2 = meas.iloc[0], meas.iloc[1] if len(meas) > 1 else np.inf
+        iqr = g["measured_iqr_s"]
+        gap = t2 - t1
+        separable = bool(len(meas) > 1 and gap > max(iqr[meas.index[0]], iqr[meas.index[1]], noise_pct / 100 * t1))
+        l0 = g["pred_L0_s"]
+        pred = {"L3": g["pred_L3_s"].idxmin(), "L0": l0.index[int(np.argmax(np.abs(l0 / l0.min() - 1) <= L0_TIE_REL))]}
+        per_point.append({
+            "point": p, "measured_fastest": meas.index[0], "measured_next": meas.index[1] if len(meas) > 1 else None,
+            "measured_gap_pct": 100 * gap / t1 if len(meas) > 1 else None, "separable": separable,
+            **{f"predicted_fastest_{lv}": b for lv, b in pred.items()},
+            **{f"agree_{lv}": pred[lv] == meas.index[0] for lv in pred},
+            **{f"loss_{lv}_pct": 100 * (g.loc[pred[lv], "measured_s"] / t1 - 1) for lv in pred},
+        })
+    pp = pd.DataFrame(per_point)
+    sep = pp[pp["separable"]] if len(pp) else pp
+    scores: dict[str, Any] = {"sampled": int(len(pp)), "separable": int(len(sep)), "noise_pct": noise_pct}
+    for lv, suffix in (("L3", ""), ("L0", "_L0")):
+        if len(sep):
+            wrong = sep[~sep[f"agree_{lv}"]]
+            scores[f"agree_pct{suffix}"] = round(100 * float(sep[f"agree_{lv}"].mean()), 2)
+            scores[f"mean_loss_pct{suffix}"] = round(float(wrong[f"loss_{lv}_pct"].mean()), 2) if len(wrong) else 0.0
+        else:
+            scores[f"agree_pct{suffix}"] = scores[f"mean_loss_pct{suffix}"] = None
+    scores["disagreements"] = int((~sep["agree_L3"]).sum()) if len(sep) else 0
+    return pp, scores
+
+
+def measure_sample(sample_rows: pd.DataFrame, routings: Mapping[tuple, Any], rt: Runtime, progress: bool) -> pd.DataFrame:
+    """Time every backend of every sampled point (interleaved per point), one layer set at a time."""
+    out = []
+    bar = make_progress(progress)
+    points = list(sample_rows.groupby("point", sort=True))
+    with bar:
+        task = bar.add_task("measure sampled design points", total=len(points), current="")
+        for p, g in points:
+            first = g.iloc[0]
+            routing = routings[(int(first["tokens"]), int(first["num_experts"]), int(first["top_k"]), int(first["routing_key"]))]
+            cfgs = [MoEConfig(tokens=int(r["tokens"]), d_model=int(r["d_model"]), d_ff=int(r["d_ff"]),
+                              num_experts=int(r["num_experts"]), top_k=int(r["top_k"]), expert=str(r["expert"]),
+                              backend=str(r["backend"]), dtype=rt.dtype) for _, r in g.iterrows()]
+            x = torch.randn(cfgs[0].tokens, cfgs[0].d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
+                rt.device, getattr(torch, rt.dtype))
+            layers = [MoELayer(c, device=rt.device, seed=rt.seed) for c in cfgs]
+            bar.update(task, current=f"T={cfgs[0].tokens} D={cfgs[0].d_model} E={cfgs[0].num_experts} "
+                                      f"k={cfgs[0].top_k} {first['routing']}")
+            timed = measure_interleaved([lambda layer=layer, x=x, r=routing: layer(x, r) for layer in layers], device=rt.device,
+                                        timing=rt.timing, description=f"point {p}", progress=False)
+            for (idx, _), t in zip(g.iterrows(), timed):
+                out.append({"row": idx, **t})
+            del layers, x
+            bar.advance(task)
+    return pd.DataFrame(out).set_index("row")
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def validate(cfg: Any) -> dict[str, Any]:
+    """Every key checked, nothing built or measured (also run on every job of a -m sweep)."""
+    cfg = config_dict(cfg)
+    check_common(cfg)
+    return check_design(cfg)
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    spec = validate(cfg)
+    measuring = check_measure_keys(cfg)
+    progress = bool(cfg.get("progress", True))
+    rt = Runtime.from_cfg(cfg)
+    probe = [MoEConfig(tokens=1, d_model=d, d_ff=spec["ffn_mult"] * d, num_experts=1, top_k=1, expert=spec["expert"],
+                       backend=b, dtype=rt.dtype) for b in spec["backends"] for d in spec["d_model"]]
+    unavailable = {c.backend: r for c in probe if (r := backend_unavailable_reason(c, rt.device))}
+    if measuring and unavailable:  # predictions are fine; the sample cannot time them
+        raise ValueError(f"design.backends holds backends that cannot run here {unavailable}; drop them or set measure=false")
+    anchor_cfgs = [MoEConfig(**{k: int(v) for k, v in spec["anchor"].items()}, d_ff=spec["ffn_mult"] * int(spec["anchor"]["d_model"]),
+                             expert=spec["expert"], backend=b, dtype=rt.dtype) for b in spec["backends"]]
+    out = output_dir(cfg, out_dir)
+
+    if measuring:
+        model = calibrated_model(rt, moe_suite(anchor_cfgs), suite_name="moe", progress=progress,
+                                 **calibration_options(cfg))
+    else:
+        model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
+    start = time.perf_counter()
+    df, traces, routings = build_grid(spec, rt.dtype, rt.seed)
+    built_s = time.perf_counter() - start
+    batch = TraceBatch.from_traces(traces)
+    del traces
+    pred = predict_traces(model, batch)
+    df = pd.concat([df, pred], axis=1)
+    df["expert"] = spec["expert"]
+    predicted_s = time.perf_counter() - start
+    msg = (f"predicted {len(df):,} configurations ({df['point'].nunique():,} design points x {len(spec['backends'])} backends; "
+           f"{len(batch.table):,} distinct of {len(batch.flat):,} kernels) in {predicted_s:.1f} s "
+           f"(traces {built_s:.1f} s)")
+    log.info(msg) if _hydra_logging() else console.print(msg)
+
+    points = point_decisions(df, spec["backends"])
+    keys = df.drop_duplicates("point").set_index("point")[["tokens", "d_model", "num_experts", "top_k", "routing", "generator"]]
+    points = points.join(keys, on="point")
+    df = df.merge(points[["point", "fastest_L3", "margin_L3_pct", "fastest_L0", "l0_differs"]], on="point", how="left")
+    tables = {}
+    for rows, cols in spec["regions"]:
+        table = region_table(points, rows, cols)
+        tables[f"{rows}_x_{cols}"] = table
+        table.to_csv(out / f"decisions_{rows}_x_{cols}.csv", index=False)
+        plot_decisions(table, rows, cols, spec["backends"], out / f"decisions_{rows}_x_{cols}.png")
+    coverage = coverage_summary(model, batch.table, int(model.meta.get("n_rows", 0)))
+    first_rows, first_cols = spec["regions"][0]
+    details: dict[str, Any] = {
+        "grid_configs": int(len(df)), "design_points": int(df["point"].nunique()),
+        "distinct_kernels": int(len(batch.table)), "kernels": int(len(batch.flat)),
+        "predict_wall_s": round(predicted_s, 2),
+        "grid": {k: spec[k] for k in (*GRID_AXES, "ffn_mult", "backends", "expert", "capacity_factor")}
+        | {"routings": [r[0] for r in spec["routings"]]},
+        "fastest_share_L3_pct": {b: round(100 * float((points["fastest_L3"] == b).mean()), 2) for b in spec["backends"]},
+        "l0_differs_pct": round(100 * float(points["l0_differs"].mean()), 2),
+        "l0_tie_pct": round(100 * float(points["l0_tie"].mean()), 2),
+        f"regions_{first_rows}_x_{first_cols}": tables[f"{first_rows}_x_{first_cols}"].to_dict("records"),
+        "profile_coverage": coverage, "model_profile": str(model.fingerprint.id),
+        "unavailable_backends_here": unavailable,
+    }
+    print_decisions(tables[f"{first_rows}_x_{first_cols}"], first_rows, first_cols)
+    console.print(f"profile coverage: {coverage['in_range_pct']}% of the grid's {coverage['distinct_kernels']:,} distinct "
+                  f"kernels lie inside the fitted ranges ({'covered' if coverage['covered'] else 'L3 extrapolates the rest'})")
+
+    if not measuring:
+        summ = predict_only_summary("moe_design", model.fingerprint.describe(), df, details=details)
+        write_outputs(out, df, summ)
+        console.print(f"outputs in {out}")
+        return summ
+
+    # --- the measured sample
+    weight_bytes = df["num_experts"] * (3 if spec["expert"] == "swiglu" else 2) * df["d_model"] * df["d_ff"] * _elem_bytes(rt.dtype)
+    slowest = df.groupby("point")["pred_L3_s"].max()
+    region_of = points.set_index("point")[first_rows].astype(str) + " x " + points.set_index("point")[first_cols].astype(str)
+    eligible = (weight_bytes.groupby(df["point"]).max() <= cfg["sample"]["max_weight_bytes"]) & (
+        slowest <= cfg["sample"]["max_predicted_s"])
+    candidates = points.assign(region=points["point"].map(region_of), eligible=points["point"].map(eligible))
+    chosen = choose_sample(candidates, int(cfg["sample"]["points"]), rt.seed)
+    if not chosen:
+        raise ValueError("no design point is small enough to time (sample.max_weight_bytes, sample.max_predicted_s); "
+                         "raise them or set measure=false")
+    sample_rows = df[df["point"].isin(chosen)]
+    timed = measure_sample(sample_rows, routings, rt, progress)
+    sample = add_errors(pd.concat([sample_rows, timed], axis=1))
+    sample.attrs["rounds"] = rt.timing.rounds
+    per_point, scores = decision_scores(sample, spec["backends"], float(cfg["sample"]["noise_pct"]))
+    per_point = per_point.join(keys, on="point").merge(points[["point", "margin_L3_pct"]], on="point")
+    sample.to_csv(out / "sample.csv", index=False)
+    per_point.to_csv(out / "sample_decisions.csv", index=False)
+    details["decisions"] = scores
+    details["sample"] = {"eligible_points": int(eligible.sum()), **{k: cfg["sample"][k] for k in
+                                                                    ("max_weight_bytes", "max_predicted_s")}}
+    summ = summary("moe_design", rt.fingerprint.describe(), sample, details=details)
+    write_outputs(out, df, summ)
+    print_table(per_point, {"point": "", "tokens": "", "d_model": "", "num_experts": "", "top_k": "", "routing": "",
+                            "margin_L3_pct": ".1f", "measured_fastest": "", "predicted_fastest_L3": "",
+                            "measured_gap_pct": ".1f", "separable": "", "loss_L3_pct": ".1f"},
+                title="measured sample: predicted (L3) vs measured fastest backend")
+    console.print(f"decisions: {scores['sampled']} points sampled, {scores['separable']} separable; L3's choice agrees at "
+                  f"{scores['agree_pct']}% of them (L0: {scores['agree_pct_L0']}%), mean loss where not "
+                  f"{scores['mean_loss_pct']}%")
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _hydra_logging() -> bool:
+    """True inside a Hydra job, whose logging already shows on the console and goes to the run log."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.initialized()
+
+
+def _elem_bytes(dtype: str) -> int:
+    from costmodel.kernels import DTYPE_BYTES
+
+    return DTYPE_BYTES[dtype]
+
+
+def print_decisions(table: pd.DataFrame, rows: str, cols: str) -> None:
+    print_table(table, {rows: "", cols: "", "points": "", "fastest_L3": "", "fastest_share_pct": ".0f",
+                        "median_margin_pct": ".1f", "l0_differs_pct": ".0f", "l0_tie_pct": ".0f"},
+                title=f"decision table by {rows} x {cols}: fastest backend by L3 (share of points), its median margin "
+                      "over the next (%), and where L0 would choose differently (% of points)")
+
+
+def plot_decisions(table: pd.DataFrame, rows: str, cols: str, backends: Sequence[str], path: Path) -> None:
+    """Two heatmaps over the region grid: L3's fastest backend (colour) with its median
+    margin; and the share of points where L0 would have chosen differently."""
+    row_vals = list(dict.fromkeys(table[rows]))
+    col_vals = list(dict.fromkeys(table[cols]))
+    code = {b: i for i, b in enumerate(backends)}
+    winner = np.full((len(row_vals), len(col_vals)), np.nan)
+    differs = np.full_like(winner, np.nan)
+    labels = {}
+    for _, r in table.iterrows():
+        i, j = row_vals.index(r[rows]), col_vals.index(r[cols])
+        winner[i, j] = code[r["fastest_L3"]]
+        differs[i, j] = r["l0_differs_pct"]
+        labels[i, j] = f"{r['fastest_L3']}\n+{r['median_margin_pct']:.0f}%"
+    fig, axes = plt.subplots(1, 2, figsize=(min(16.0, max(9.0, 1.1 * len(col_vals) * 2 + 3)), 0.5 * len(row_vals) + 3.0))
+    cmap = ListedColormap([f"C{i}" for i in range(len(backends))])
+    axes[0].imshow(winner, cmap=cmap, vmin=-0.5, vmax=len(backends) - 0.5, aspect="auto")
+    for (i, j), text in labels.items():
+        axes[0].text(j, i, text, ha="center", va="center", fontsize=6)
+    axes[0].set_title("fastest backend by L3 (median margin over the next)", fontsize=9)
+    im = axes[1].imshow(differs, cmap="Reds", vmin=0, vmax=100, aspect="auto")
+    for (i, j), v in np.ndenumerate(differs):
+        if not np.isnan(v):
+            axes[1].text(j, i, f"{v:.0f}", ha="center", va="center", fontsize=6)
+    axes[1].set_title("% of points where L0 (FLOPs / peak) would choose differently", fontsize=9)
+    fig.colorbar(im, ax=axes[1], fraction=0.04)
+    for ax in axes:
+        ax.set_xticks(range(len(col_vals)), [str(v) for v in col_vals], rotation=45, ha="right", fontsize=7)
+        ax.set_yticks(range(len(row_vals)), [str(v) for v in row_vals], fontsize=7)
+        ax.set_xlabel(cols)
+        ax.set_ylabel(rows)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{i}") for i in range(len(backends))]
+    axes[0].legend(handles, backends, fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=len(backends))
+    fig.suptitle("MoE design: which expert backend is fastest where (predicted)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

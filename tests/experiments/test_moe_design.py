@@ -1,0 +1,128 @@
+"""moe_design's pieces: batched trace prediction, decisions per point and region, sample
+choice, decision scoring, and the profile-coverage report (on the committed CPU profile,
+read only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from costmodel.kernels import GemmSpec
+from costmodel.predictor import CostModel
+from costmodel.profile import DeviceProfile
+from experiments import moe_design
+from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
+from sim.routing import ZipfRouting, route
+from sim.simulator import predict_trace, predict_traces
+
+PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-intel-r-xeon-r-processor-t2-float32-2862a8a0be"
+
+
+@pytest.fixture(scope="module")
+def model():
+    profile = DeviceProfile.load(PROFILE)
+    return CostModel.load(profile, allow_stale=True)
+
+
+def _traces():
+    out = []
+    for t, s, b in ((32, 0.0, "loop"), (32, 3.0, "padded"), (64, 1.0, "grouped"), (64, 1.0, "loop")):
+        cfg = MoEConfig(tokens=t, d_model=256, d_ff=512, num_experts=8, top_k=2, backend=b)
+        out.append(moe_trace(cfg, DispatchPlan.from_routing(route(ZipfRouting(s), tokens=t, num_experts=8, top_k=2, seed=1))))
+    return out
+
+
+def test_batched_prediction_equals_one_trace_at_a_time(model):
+    traces = _traces()
+    batched = predict_traces(model, traces)
+    for i, trace in enumerate(traces):
+        single = predict_trace(model, trace, quiet=True)
+        for lv in ("L0", "L1", "L2", "L3"):
+            assert batched.loc[i, f"pred_{lv}_s"] == pytest.approx(single[lv].sum(), rel=1e-9)
+        assert batched.loc[i, "kernels"] == len(trace)
+        assert batched.loc[i, "flops"] == pytest.approx(sum(s.flops() for s in trace))
+
+
+def _wide(pred_l3, pred_l0, backends=("loop", "padded", "grouped")):
+    rows = []
+    for p, (l3, l0) in enumerate(zip(pred_l3, pred_l0)):
+        for b, a, z in zip(backends, l3, l0):
+            rows.append({"point": p, "backend": b, "pred_L3_s": a, "pred_L0_s": z})
+    return pd.DataFrame(rows)
+
+
+def test_point_decisions_margin_and_l0_ties():
+    df = _wide([[2.0, 3.0, 1.0], [1.0, 4.0, 1.5]], [[1.0, 1.1, 1.0], [1.0, 0.5, 1.0]])
+    d = moe_design.point_decisions(df, ["loop", "padded", "grouped"]).set_index("point")
+    assert d.loc[0, "fastest_L3"] == "grouped" and d.loc[0, "next_L3"] == "loop"
+    assert d.loc[0, "margin_L3_pct"] == pytest.approx(100.0)
+    assert d.loc[0, "fastest_L0"] == "loop" and d.loc[0, "l0_tie"]  # loop and grouped tie at L0: first listed
+    assert d.loc[0, "l0_differs"]
+    assert d.loc[1, "fastest_L3"] == "loop" and d.loc[1, "fastest_L0"] == "padded" and not d.loc[1, "l0_tie"]
+
+
+def test_region_table_takes_the_most_frequent_winner():
+    points = pd.DataFrame({"tokens": [8, 8, 8, 16], "num_experts": [4, 4, 4, 4],
+                           "fastest_L3": ["grouped", "grouped", "loop", "loop"], "margin_L3_pct": [10.0, 30.0, 5.0, 7.0],
+                           "l0_differs": [True, True, False, False], "l0_tie": [True, True, True, False]})
+    t = moe_design.region_table(points, "tokens", "num_experts").set_index("tokens")
+    assert t.loc[8, "fastest_L3"] == "grouped" and t.loc[8, "fastest_share_pct"] == pytest.approx(200 / 3)
+    assert t.loc[8, "median_margin_pct"] == pytest.approx(20.0)  # over the points it wins
+    assert t.loc[8, "l0_differs_pct"] == pytest.approx(200 / 3) and t.loc[16, "l0_tie_pct"] == 0
+
+
+def test_sample_takes_boundary_points_then_spreads_over_regions():
+    points = pd.DataFrame({"point": range(12), "region": [f"r{i % 4}" for i in range(12)],
+                           "margin_L3_pct": [50, 1, 60, 70, 2, 80, 90, 95, 3, 40, 41, 42],
+                           "eligible": [True] * 11 + [False]})
+    chosen = moe_design.choose_sample(points, 6, seed=0)
+    assert len(chosen) == 6 and 11 not in chosen
+    assert {1, 4} <= set(chosen)  # the smallest margins (r1, r0) are taken first
+    assert set(points.set_index("point").loc[chosen, "region"]) == {"r0", "r1", "r2", "r3"}  # every region
+    assert moe_design.choose_sample(points, 6, seed=0) == chosen  # seeded
+    assert moe_design.choose_sample(points, 50, seed=0) == list(range(11))  # all eligible ones when asked for more
+
+
+def _sample(rows):
+    return pd.DataFrame(rows, columns=["point", "backend", "measured_s", "measured_iqr_s", "pred_L3_s", "pred_L0_s"])
+
+
+def test_decision_scores_count_only_separable_points():
+    backends = ["loop", "padded", "grouped"]
+    s = _sample([
+        # point 0: grouped clearly fastest, predicted right
+        (0, "loop", 2.0, 0.01, 2.1, 1.0), (0, "padded", 3.0, 0.01, 3.1, 1.0), (0, "grouped", 1.0, 0.01, 1.1, 1.0),
+        # point 1: loop fastest by 25%, predicted grouped: a wrong separable decision
+        (1, "loop", 1.0, 0.01, 1.3, 1.0), (1, "padded", 3.0, 0.01, 3.0, 1.0), (1, "grouped", 1.25, 0.01, 1.2, 1.0),
+        # point 2: loop and grouped within 2% (inside the noise): not separable, whatever was predicted
+        (2, "loop", 1.0, 0.01, 1.5, 1.0), (2, "padded", 3.0, 0.01, 3.0, 1.0), (2, "grouped", 1.02, 0.01, 1.0, 1.0),
+        # point 3: a 10% gap, but the IQRs are wider than it: not separable
+        (3, "loop", 1.0, 0.2, 1.0, 1.0), (3, "padded", 3.0, 0.01, 3.0, 1.0), (3, "grouped", 1.1, 0.01, 1.2, 1.0),
+    ])
+    per_point, scores = moe_design.decision_scores(s, backends, noise_pct=5.0)
+    assert per_point.set_index("point")["separable"].tolist() == [True, True, False, False]
+    assert scores["sampled"] == 4 and scores["separable"] == 2
+    assert scores["agree_pct"] == 50.0 and scores["disagreements"] == 1
+    assert scores["mean_loss_pct"] == pytest.approx(25.0)  # following L3 at point 1 costs 1.25 vs 1.0
+    assert scores["agree_pct_L0"] == 50.0  # L0 ties everywhere: picks loop, right at point 1 only
+
+
+def test_decision_scores_with_nothing_separable_are_null():
+    s = _sample([(0, "loop", 1.0, 0.01, 1.0, 1.0), (0, "grouped", 1.01, 0.01, 2.0, 1.0)])
+    _, scores = moe_design.decision_scores(s, ["loop", "grouped"], noise_pct=5.0)
+    assert scores["separable"] == 0 and scores["agree_pct"] is None and scores["mean_loss_pct"] is None
+
+
+def test_coverage_says_when_the_grid_leaves_the_profile(model):
+    inside = model.levels["L3"].coverage(pd.DataFrame(DeviceProfile.load(PROFILE).kernels()))
+    assert all(f["in_range_pct"] == 100 for f in inside.values())
+    from costmodel.features import kernel_table
+
+    far = kernel_table([GemmSpec(1 << 20, 4096, 4096), GemmSpec(64, 256, 256)])
+    report = moe_design.coverage_summary(model, far, 10)
+    assert report["covered"] is False and report["in_range_pct"] == 50.0
+    assert "log_m" in report["per_family"]["gemm"]["features_outside"]
+    assert report["per_family"]["gemm"]["features_outside"]["log_m"]["queried"][1] == pytest.approx(np.log10(1 << 20), abs=1e-3)
