@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import hydra
@@ -41,10 +42,18 @@ def main() -> None:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     command = sys.argv.pop(1)
-    if command == "compare":
-        compare(sys.argv[1:])
-    else:
-        commands[command]()
+    try:
+        if command == "compare":
+            compare(sys.argv[1:])
+        else:
+            commands[command]()
+    except KeyboardInterrupt as stop:  # Ctrl-C: one message (what was kept, how to resume), not a traceback
+        message = str(stop) or f"interrupted; rerun `python -m costmodel {command}` to continue"
+        if logging.getLogger().handlers:  # Hydra's logging: console and the run's log file
+            logging.getLogger("costmodel").warning(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

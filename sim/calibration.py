@@ -1,9 +1,10 @@
 """Calibrate on first use: measure what a layer needs, fit, and reuse on later runs.
 
 ``calibrated_model`` opens this device's profile (creating it), measures the ceilings if
-missing and every kernel of the given suite that the profile lacks (with progress),
-then loads the fitted models saved beside the profile, refitting only when the profile
-changed since. A second run with the same layer sizes measures nothing and fits nothing.
+missing and every kernel of the given suite that the profile lacks (with progress, holding
+the machine's measuring lock, ``costmodel.locks``), then loads the fitted models saved
+beside the profile, refitting only when the profile changed since. A second run with the
+same layer sizes measures nothing, fits nothing and takes no lock.
 
 The layer suites are "the suite the experiment needs": the layer's own families at its
 own widths, over a grid of the sizes routing or graphs can produce (token counts per
@@ -56,22 +57,34 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     speed drifts (see ``drift_references``) this puts calibration and measurement close in time.
     """
     profile = rt.open_profile()
-    ensure_ceilings(profile, rt.device, rt.dtype, rt.timing)
-    done = set() if refresh else profile.measured_rounds()
-    missing = sum(1 for _, s in suite if any((s.key(), r) not in done for r in range(rt.timing.rounds)))
-    if missing:
-        verb = "re-measuring" if refresh else "calibrating:"
-        console.print(f"{verb} {missing} kernels of suite {suite_name!r} {'in' if refresh else 'are not in'} "
-                      f"{profile.path.name}{'' if refresh else ' yet'}")
-        # a layer's own kernels are measured whatever their size: only memory limits apply
-        limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
-        result = measure_specs(suite, profile, device=rt.device, timing=rt.timing, limits=limits,
-                               suite=suite_name, show_progress=progress, remeasure=refresh)
-        profile.add_provenance({"command": f"calibration for {suite_name}", "measured": result.measured,
-                                "skipped": len(result.skipped), "wall_s": result.wall_s})
+
+    def missing_kernels() -> int:
+        done = set() if refresh else profile.measured_rounds()
+        return sum(1 for _, s in suite if any((s.key(), r) not in done for r in range(rt.timing.rounds)))
+
+    ceilings = profile.ceilings()
+    if refresh or ceilings is None or "cold_call_overhead_s" not in ceilings or missing_kernels():
+        profile.require_writable(f"calibrate for {suite_name}")
+        # measuring: hold the machine's measuring lock, then look again (a process we waited
+        # for may have measured the same kernels into a shared profile)
+        with rt.measuring(f"calibration for {suite_name}") as lock_note:
+            ensure_ceilings(profile, rt.device, rt.dtype, rt.timing)
+            missing = missing_kernels()
+            if missing:
+                verb = "re-measuring" if refresh else "calibrating:"
+                console.print(f"{verb} {missing} kernels of suite {suite_name!r} {'in' if refresh else 'are not in'} "
+                              f"{profile.path.name}{'' if refresh else ' yet'}")
+                # a layer's own kernels are measured whatever their size: only memory limits apply
+                limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
+                result = measure_specs(suite, profile, device=rt.device, timing=rt.timing, limits=limits,
+                                       suite=suite_name, show_progress=progress, remeasure=refresh)
+                profile.add_provenance({"command": f"calibration for {suite_name}", "measured": result.measured,
+                                        "rows_added": result.rows, "skipped": len(result.skipped),
+                                        "wall_s": result.wall_s, "measure_lock": lock_note})
     try:
         return CostModel.load(profile, expected=rt.fingerprint)
     except (ProfileError, StaleModelError):
+        profile.require_writable("save the fitted cost models beside the profile")
         console.print(f"fitting cost models on {len(profile.kernels())} measured kernels")
         model = CostModel.fit_profile(profile, cv_folds=cv_folds)
         model.save(profile)
