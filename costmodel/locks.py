@@ -181,8 +181,8 @@ _held: dict[str, list[int]] = {}  # lock path -> [fd, depth]: this process alrea
 def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[dict[str, Any]]:
     """Hold the machine-wide measuring lock while the ``with`` body times kernels or layers.
 
-    Yields a note for the profile's provenance: ``mode``, ``waited_s`` and, when another
-    process measured first, ``waited_for`` (who it was). Raises ``LockBusyError`` with the
+    Yields a note for the profile's provenance: ``mode``, ``waited_s`` and, when other
+    processes measured first, ``waited_for`` (who they were, in turn). Raises ``LockBusyError`` with the
     holder's pid, command and start time in mode ``refuse``, or after ``timeout_s`` in mode
     ``wait``. Reentrant within a process.
     """
@@ -215,11 +215,10 @@ def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[di
         acquired = _try_flock(fd)
         if not acquired:
             holder = describe_holder(read_holder(path))
-            note["waited_for"] = holder
             if config.mode == "off":
                 log.warning("another process is measuring on this machine: %s. measure_lock.mode=off: measuring "
                             "anyway, so both processes' timings are disturbed", holder)
-                note["disturbed_by"] = note.pop("waited_for")
+                note["disturbed_by"] = holder
             elif config.mode == "refuse":
                 raise LockBusyError(
                     f"another process is measuring on this machine: {holder}. Two measuring processes disturb "
@@ -242,21 +241,29 @@ def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[di
 
 
 def _wait(fd: int, path: Path, holder: str, what: str, config: MeasureLockConfig, note: dict[str, Any]) -> bool:
+    """Poll until the lock is free; ``note["waited_for"]`` lists every holder seen meanwhile."""
     start = time.monotonic()
     log.warning("another process is measuring on this machine: %s. Waiting for it to finish before %s "
                 "(up to measure_lock.timeout_s=%g s; measure_lock.mode=refuse stops instead)", holder, what,
                 config.timeout_s)
+    note["waited_for"] = [holder]
+    last_pid = (read_holder(path) or {}).get("pid")
     last_message = start
     while not _try_flock(fd):
         now = time.monotonic()
+        current = read_holder(path) or {}
         if now - start > config.timeout_s:
             raise LockBusyError(
                 f"waited {now - start:.0f} s (measure_lock.timeout_s={config.timeout_s:g}) for another process "
-                f"measuring on this machine: {describe_holder(read_holder(path))}; rerun when it has finished "
+                f"measuring on this machine: {describe_holder(current)}; rerun when it has finished "
                 f"(lock file {path})")
-        if now - last_message > REPEAT_MESSAGE_S:
+        if current.get("pid") not in (None, last_pid):  # the first finished, another took its turn
+            last_pid = current["pid"]
+            note["waited_for"].append(describe_holder(current))
+            log.warning("another process took its turn to measure: %s; still waiting", note["waited_for"][-1])
+        elif now - last_message > REPEAT_MESSAGE_S:
             last_message = now
-            log.warning("still waiting (%.0f s) for %s", now - start, describe_holder(read_holder(path)))
+            log.warning("still waiting (%.0f s) for %s", now - start, describe_holder(current))
         time.sleep(POLL_S)
     note["waited_s"] = round(time.monotonic() - start, 3)
     log.warning("the other measuring process finished after %.1f s of waiting; measuring now", note["waited_s"])
