@@ -182,9 +182,9 @@ def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[di
     """Hold the machine-wide measuring lock while the ``with`` body times kernels or layers.
 
     Yields a note for the profile's provenance: ``mode``, ``waited_s`` and, when other
-    processes measured first, ``waited_for`` (who they were, in turn). Raises ``LockBusyError`` with the
-    holder's pid, command and start time in mode ``refuse``, or after ``timeout_s`` in mode
-    ``wait``. Reentrant within a process.
+    processes measured first, ``waited_for`` (who they were, in turn). Raises
+    ``LockBusyError`` with the holder's pid, command and start time in mode ``refuse``, or
+    after ``timeout_s`` in mode ``wait``. Reentrant within a process.
     """
     config = config or MeasureLockConfig()
     path = config.lock_path()

@@ -218,14 +218,15 @@ class DeviceProfile:
         """Rows of measurements.csv left out by the last read, with file, line and reason."""
         return list(self._read()[1])
 
-    def _read(self) -> tuple[pd.DataFrame, list[RejectedRow]]:
+    def _read(self, *, fresh: bool = False) -> tuple[pd.DataFrame, list[RejectedRow]]:
+        """Parsed measurements, reused while the file is unchanged (``fresh``: parse anyway)."""
         file = self.path / MEASUREMENTS
         try:
             st = file.stat()
         except FileNotFoundError:
             return pd.DataFrame(), []
         ident = (st.st_ino, st.st_size, st.st_mtime_ns)
-        if self._parsed is not None and self._parsed[0] == ident:
+        if not fresh and self._parsed is not None and self._parsed[0] == ident:
             return self._parsed[1], self._parsed[2]
         try:
             frame, rejected = read_rows(file)
@@ -291,7 +292,7 @@ class DeviceProfile:
             return 0
         new = new.drop_duplicates(["key", "round"], keep="last")
         with self.locked("adding measurements"):
-            old, rejected = self._read()
+            old, rejected = self._read(fresh=True)  # never a stale cache: another writer may have been here
             if len(old):
                 ids_old = old["key"] + "#" + old["round"].astype(int).astype(str)
                 ids_new = new["key"] + "#" + new["round"].astype(int).astype(str)
