@@ -3,6 +3,10 @@
 - bench: measure this device's ceilings and a kernel suite into its profile;
 - fit: fit cost models L0-L3 on the profile and evaluate them on held-out shapes;
 - compare: median difference between two profiles' common kernels (run-to-run stability).
+
+Exit codes: 130 after Ctrl-C (what was kept and how to resume is printed), 75 when
+another process measures on this machine and ``measure_lock.mode=refuse`` (or the wait
+timed out).
 """
 
 from __future__ import annotations
@@ -14,13 +18,19 @@ import hydra
 from omegaconf import DictConfig
 
 USAGE = __doc__
+EX_TEMPFAIL = 75  # sysexits.h: a temporary failure, the user is invited to retry
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="bench")
 def bench(cfg: DictConfig) -> None:
     from costmodel.bench_command import run
+    from costmodel.locks import LockBusyError
 
-    run(cfg)
+    try:
+        run(cfg)
+    except LockBusyError as busy:  # another process measures here: one line, not a traceback
+        logging.getLogger("costmodel").error(str(busy))
+        sys.exit(EX_TEMPFAIL)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="fit")

@@ -93,14 +93,35 @@ def _wait_for(predicate, what: str, timeout_s: float = 300.0) -> None:
         time.sleep(0.1)
 
 
-def test_two_benches_on_one_profile_root_wait_their_turn_and_keep_every_row_once(tmp_path):
-    """The issue's target: two `bench` at once -> every row once, and the second waited with a message."""
-    lock = tmp_path / "measuring.lock"
-    holder = subprocess.Popen(  # a third measuring process holds the lock until both benches wait for it
+def _hold_measuring_lock(lock: Path) -> subprocess.Popen:
+    """Another measuring process: holds the lock at ``lock`` until its stdin closes."""
+    holder = subprocess.Popen(
         [sys.executable, "-c", "import sys; from costmodel.locks import MeasureLockConfig, measuring\n"
          "with measuring('holder', MeasureLockConfig(path=sys.argv[1])):\n print('held', flush=True); sys.stdin.readline()",
          str(lock)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT)})
     assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_bench_refuses_in_one_line_while_another_process_measures(tmp_path):
+    lock = tmp_path / "measuring.lock"
+    holder = _hold_measuring_lock(lock)
+    try:
+        done = _run("bench", f"profile.root={tmp_path / 'profiles'}", "bench.families=[sort]", f"measure_lock.path={lock}",
+                    "measure_lock.mode=refuse", f"hydra.run.dir={tmp_path / 'out'}", *TINY, cwd=tmp_path)
+    finally:
+        holder.kill()
+        holder.wait(timeout=60)
+    assert done.returncode == 75
+    out = done.stdout + done.stderr
+    assert "Traceback" not in out and f"another process is measuring on this machine: pid {holder.pid}" in out
+    assert not list((tmp_path / "profiles").glob("*/measurements.csv"))  # nothing was measured
+
+
+def test_two_benches_on_one_profile_root_wait_their_turn_and_keep_every_row_once(tmp_path):
+    """The issue's target: two `bench` at once -> every row once, and the second waited with a message."""
+    lock = tmp_path / "measuring.lock"
+    holder = _hold_measuring_lock(lock)  # a third measuring process holds it until both benches wait
     args = [f"profile.root={tmp_path / 'profiles'}", "bench.families=[sort,histogram]", f"measure_lock.path={lock}", *TINY]
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     benches = [_start("bench", *args, f"hydra.run.dir={tmp_path / name}", cwd=tmp_path, log=log)
@@ -181,3 +202,26 @@ def test_profile_root_that_is_a_file_is_one_clear_line(tmp_path):
     done = _run("bench", "profile.root=afile", f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode != 0
     assert "profile.root=" in done.stderr and "afile cannot be a folder" in done.stderr
+
+
+def test_a_killed_bench_leaves_a_whole_file_and_resumes_without_duplicates(tmp_path):
+    root = tmp_path / "profiles"
+    args = ["bench", f"profile.root={root}", "bench.families=[sort,histogram,elementwise]", *TINY]
+    bench = _start(*args, "timing.min_run_time_s=0.05", f"hydra.run.dir={tmp_path / 'out'}", cwd=tmp_path,
+                   log=tmp_path / "bench.log")
+    try:
+        _wait_for(lambda: any(root.glob("*/measurements.csv")), "the first rows on disk")
+        bench.kill()  # SIGKILL: no handler runs
+        bench.wait(timeout=60)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    (folder,) = root.iterdir()
+    kept = pd.read_csv(folder / "measurements.csv")
+    assert len(kept) > 0 and kept["median_s"].notna().all()
+    again = _run(*args, f"hydra.run.dir={tmp_path / 'out2'}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    final = pd.read_csv(folder / "measurements.csv")
+    assert not final.duplicated(["key", "round"]).any() and len(final) > len(kept)
+    assert set(map(tuple, kept[["key", "round"]].values)) <= set(map(tuple, final[["key", "round"]].values))
+    assert not list(folder.glob(".*.tmp"))
