@@ -11,10 +11,15 @@ refuses to start (``costmodel.launchers``); a launcher plugin that is not instal
 named with its package before Hydra starts.
 
 Bad input prints one line (``error: ...``) and exits with status 2 (``costmodel.cli_errors``).
+
+Exit codes: 130 after Ctrl-C (what was kept and how to resume is printed), 75 when
+another process measures on this machine and ``measure_lock.mode=refuse`` (or the wait
+timed out).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import hydra
@@ -23,6 +28,7 @@ from omegaconf import DictConfig
 from costmodel.cli_errors import report_user_errors
 
 USAGE = __doc__
+EX_TEMPFAIL = 75  # sysexits.h: a temporary failure, the user is invited to retry
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="bench")
@@ -30,9 +36,14 @@ USAGE = __doc__
 def bench(cfg: DictConfig) -> None:
     from costmodel.bench_command import run
     from costmodel.launchers import refuse_parallel_measuring
+    from costmodel.locks import LockBusyError
 
     refuse_parallel_measuring("python -m costmodel bench")
-    run(cfg)
+    try:
+        run(cfg)
+    except LockBusyError as busy:  # another process measures here: one line, not a traceback
+        logging.getLogger("costmodel").error(str(busy))
+        sys.exit(EX_TEMPFAIL)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="fit")
@@ -69,15 +80,23 @@ def main() -> None:
         print(USAGE, file=sys.stderr)
         sys.exit(2)
     command = sys.argv.pop(1)
-    if command in plain:
-        plain[command](sys.argv[1:])
-        return
-    from costmodel.launchers import missing_plugin_message
+    try:
+        if command in plain:
+            plain[command](sys.argv[1:])
+            return
+        from costmodel.launchers import missing_plugin_message
 
-    message = missing_plugin_message(sys.argv[1:])
-    if message:
-        sys.exit(f"error: {message}")
-    commands[command]()
+        message = missing_plugin_message(sys.argv[1:])
+        if message:
+            sys.exit(f"error: {message}")
+        commands[command]()
+    except KeyboardInterrupt as stop:  # Ctrl-C: one message (what was kept, how to resume), not a traceback
+        message = str(stop) or f"interrupted; rerun `python -m costmodel {command}` to continue"
+        if logging.getLogger().handlers:  # Hydra's logging: console and the run's log file
+            logging.getLogger("costmodel").warning(message)
+        else:
+            print(message, file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@
 machine is averaged, not baked into some kernels), skips (kernel, round) pairs the profile
 already holds (resume, no duplicates), skips shapes too large for the device with a note
 in ``skipped.csv`` (never a crash), flushes rows to disk atomically every few seconds
-and on interruption (nothing measured is lost), and shows progress.
+and on interruption (nothing measured is lost; ``MeasureInterrupted`` then says what was
+kept and how to resume), and shows progress. Callers hold the machine's measuring lock
+(``costmodel.locks.measuring``) around it.
 """
 
 from __future__ import annotations
@@ -37,11 +39,27 @@ class SizeLimits:
 
 @dataclass
 class BenchResult:
-    measured: int = 0
-    already: int = 0
+    measured: int = 0  # kernels that got at least one new round in this run
+    rows: int = 0  # (kernel, round) rows this run added to the profile
+    already: int = 0  # kernels whose every round was in the profile before this run
+    partial: int = 0  # kernels with some but not all rounds in the profile before this run
     skipped: list[dict[str, Any]] = field(default_factory=list)
     noisy: int = 0
     wall_s: float = 0.0
+
+
+class MeasureInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a bench: what was kept and how to resume (the message), rows already flushed."""
+
+
+def round_coverage(keys: Sequence[str], done: set[tuple[str, int]], rounds: int) -> tuple[int, int]:
+    """(kernels with every round in ``done``, kernels with some but not all)."""
+    complete = partial = 0
+    for key in dict.fromkeys(keys):
+        have = sum((key, r) in done for r in range(rounds))
+        complete += have == rounds
+        partial += 0 < have < rounds
+    return complete, partial
 
 
 def measurement_row(spec: KernelSpec, tag: str, summary: dict[str, Any], suite: str, round_: int) -> dict[str, Any]:
@@ -136,19 +154,26 @@ def measure_specs(
     done = set() if remeasure else profile.measured_rounds()
     skipped_keys: set[str] = set()
     noisy_keys: set[str] = set()
+    new_keys: set[str] = set()
+    keys = [s.key() for _, s in tagged_specs]
     todo = [(r, tag, s) for r in range(timing.rounds) for tag, s in tagged_specs if (s.key(), r) not in done]
-    result.already = len(tagged_specs) - len({s.key() for _, _, s in todo})
+    result.already, result.partial = round_coverage(keys, done, timing.rounds)
     buffer: list[dict[str, Any]] = []
     last_flush = time.perf_counter()
+    flush_cost_s = 0.0
+    skipped_saved = 0
 
     def flush() -> None:
-        nonlocal last_flush
+        nonlocal last_flush, flush_cost_s, skipped_saved
+        t0 = time.perf_counter()
         if buffer:
-            profile.append_measurements(buffer, replace=remeasure)
+            result.rows += profile.append_measurements(buffer, replace=remeasure)
             buffer.clear()
-        if result.skipped:
-            profile.record_skipped(result.skipped)
+        if len(result.skipped) > skipped_saved:
+            profile.record_skipped(result.skipped[skipped_saved:])
+            skipped_saved = len(result.skipped)
         last_flush = time.perf_counter()
+        flush_cost_s = last_flush - t0
 
     progress = make_progress(show_progress)
     try:
@@ -178,13 +203,25 @@ def measure_specs(
                     result.skipped.append({"key": key, "family": spec.family, "label": spec.label(), "reason": reason})
                 else:
                     buffer.append(measurement_row(spec, tag, m.summary(), suite, round_))
-                    result.measured += round_ == 0
+                    new_keys.add(key)
+                    result.measured = len(new_keys)
                     if m.noisy and key not in noisy_keys:
                         noisy_keys.add(key)
                         result.noisy += 1
-                if time.perf_counter() - last_flush > FLUSH_EVERY_S:
+                # flush every few seconds, but never spend more than ~5% of the time re-reading
+                # and rewriting a large profile
+                if time.perf_counter() - last_flush > max(FLUSH_EVERY_S, 20 * flush_cost_s):
                     flush()
                 progress.advance(task)
+    except KeyboardInterrupt:
+        flush()
+        result.wall_s = time.perf_counter() - start
+        complete, partial = round_coverage(keys, profile.measured_rounds(), timing.rounds)
+        raise MeasureInterrupted(
+            f"interrupted: this run's {result.rows} measured rows ({result.measured} kernels) are saved in "
+            f"{profile.path}; of the {len(set(keys))} kernels asked for, {complete} are complete and {partial} "
+            f"partially measured. Rerun the same command to resume: measured rounds are not repeated."
+        ) from None
     finally:
         flush()
         result.wall_s = time.perf_counter() - start

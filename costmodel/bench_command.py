@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.bench import measure_specs
+from costmodel.bench import MeasureInterrupted, measure_specs
 from costmodel.ceilings import device_memory_bytes, ensure_ceilings
 from costmodel.device import torch_scatter_version
 from costmodel.ops import scatter_backends_available
@@ -102,20 +102,30 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     rt = Runtime.from_cfg(cfg, timing_overrides=suite.get("timing"))
     selected = selected_families(cfg.bench.families)
     profile = rt.open_profile()
+    profile.require_writable("measure into this device's profile")
     console.print(f"device: {rt.fingerprint.describe()}\nprofile: {profile.path}")
     start = time.perf_counter()
-    ceilings = ensure_ceilings(profile, rt.device, rt.dtype, rt.timing, remeasure=bool(cfg.bench.remeasure))
-    console.print(ceilings_table(ceilings))
-    result = measure_specs(
-        tagged, profile, device=rt.device, timing=rt.timing, limits=rt.limits, suite=str(suite["name"]),
-        remeasure=bool(cfg.bench.remeasure), show_progress=bool(cfg.bench.progress),
-    )
+    remeasure = bool(cfg.bench.remeasure)
+    provenance: dict[str, Any] = {
+        "command": " ".join(sys.argv), "suite": suite["name"], "families": selected,
+        "torch_scatter": torch_scatter_version() or "absent", "timing": asdict(rt.timing),
+    }
+    with rt.measuring(f"bench suite={suite['name']}") as lock_note:
+        provenance["measure_lock"] = lock_note
+        ceilings = ensure_ceilings(profile, rt.device, rt.dtype, rt.timing, remeasure=remeasure)
+        console.print(ceilings_table(ceilings))
+        try:
+            result = measure_specs(
+                tagged, profile, device=rt.device, timing=rt.timing, limits=rt.limits, suite=str(suite["name"]),
+                remeasure=remeasure, show_progress=bool(cfg.bench.progress),
+            )
+        except MeasureInterrupted as stop:
+            profile.add_provenance({**provenance, "interrupted": str(stop), "wall_s": time.perf_counter() - start})
+            raise
     wall_s = time.perf_counter() - start
     profile.add_provenance({
-        "command": " ".join(sys.argv), "suite": suite["name"], "families": selected,
-        "measured": result.measured, "already_present": result.already, "skipped": len(result.skipped),
-        "noisy": result.noisy, "wall_s": wall_s, "torch_scatter": torch_scatter_version() or "absent",
-        "timing": asdict(rt.timing),
+        **provenance, "measured": result.measured, "rows_added": result.rows, "already_present": result.already,
+        "partially_present": result.partial, "skipped": len(result.skipped), "noisy": result.noisy, "wall_s": wall_s,
     })
     frame = profile.kernels()
     console.print(family_table(frame))
@@ -124,8 +134,10 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         console.print(trio)
     for s in result.skipped:
         console.print(f"[yellow]skipped[/] {s['label']}: {s['reason']}")
+    partial = f", {result.partial} partially measured (now resumed)" if result.partial else ""
     console.print(
-        f"measured {result.measured} kernels ({result.noisy} noisy), {result.already} already in the profile, "
-        f"{len(result.skipped)} skipped; wall time {wall_s:.1f} s"
+        f"measured {result.measured} kernels ({result.rows} rows, {result.noisy} noisy); before this run "
+        f"{result.already} were complete in the profile{partial}; {len(result.skipped)} skipped; "
+        f"wall time {wall_s:.1f} s"
     )
     return {"profile": str(profile.path), "measured": result.measured, "wall_s": wall_s}

@@ -139,12 +139,16 @@ def measure_cold_call_overhead(device: torch.device, dtype: str, timing: TimingC
 def ensure_ceilings(
     profile: DeviceProfile, device: torch.device, dtype: str, timing: TimingConfig, *, remeasure: bool = False
 ) -> dict[str, Any]:
-    """The profile's ceilings, measuring (and saving) them first if it has none."""
+    """The profile's ceilings, measuring (and saving) them first if it has none.
+
+    Call it holding the machine's measuring lock. When another process stored ceilings
+    meanwhile (a shared profile root), theirs are kept and returned, so every process
+    predicts with the same roofs.
+    """
     ceilings = profile.ceilings()
     if ceilings is None or remeasure:
         print("measuring ceilings (peak matmul FLOP/s, copy bandwidth, per-call overhead)", flush=True)
-        ceilings = measure_ceilings(device, dtype, timing)
-        profile.write_ceilings(ceilings)
+        ceilings = profile.write_ceilings(measure_ceilings(device, dtype, timing), replace=remeasure)
     if "cold_call_overhead_s" not in ceilings:  # profiles measured before this ceiling existed: add it
         print("measuring the cold-call overhead (small ops after evicting the caches)", flush=True)
         cold = measure_cold_call_overhead(device, dtype, timing)

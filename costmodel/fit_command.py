@@ -75,6 +75,14 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     else:
         profile = rt.open_profile(create=False)
     console.print(f"profile: {profile.path}\ndevice: {profile.fingerprint.describe()}")
+    profile.require_writable("save the fitted models beside the profile")
+    rows, rejected = len(profile.measurements()), profile.rejected()
+    if rejected:
+        console.print(f"[yellow]rejected {len(rejected)} rows[/] of {profile.path / 'measurements.csv'} (each named "
+                      f"above with its line and reason); fitting on the {rows} valid rows. The next "
+                      "`python -m costmodel bench` (or calibration) measures the rejected kernels and rounds again.")
+    else:
+        console.print(f"all {rows} rows of measurements.csv are valid")
     start = time.perf_counter()
     report = evaluate_profile(
         profile, test_size=float(cfg.fit.test_size), quantile=float(cfg.fit.extrapolation_quantile),
@@ -93,4 +101,4 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     forms = ", ".join(f"{f}: {m}" for f, m in model.meta["l3_form"].items())
     console.print(f"L3 form per family (chosen by grouped CV): {forms}")
     console.print(f"fitted in {time.perf_counter() - start:.1f} s; models saved beside the profile; report in {out}")
-    return {"report": report, "extrapolation": extrapolation, "output_dir": str(out)}
+    return {"report": report, "extrapolation": extrapolation, "output_dir": str(out), "rejected_rows": len(rejected)}

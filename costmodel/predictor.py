@@ -11,6 +11,7 @@ out, a column per level.
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from costmodel.device import Fingerprint, ProfileMismatchError
 from costmodel.features import kernel_table
 from costmodel.kernels import KernelSpec
 from costmodel.models import make_levels
-from costmodel.profile import DeviceProfile, ProfileError, atomic_write_json
+from costmodel.profile import DeviceProfile, ProfileError, atomic_write_bytes, atomic_write_json
 
 LEVELS = ("L0", "L1", "L2", "L3")
 MODELS_FILE = "models.joblib"
@@ -90,13 +91,14 @@ class CostModel:
         if profile.fingerprint != self.fingerprint:
             raise ProfileMismatchError("refusing to save models beside another device's profile")
         path = profile.path / MODELS_FILE
-        tmp = path.with_suffix(".tmp")
-        joblib.dump({"levels": self.levels, "ceilings": dict(self.ceilings)}, tmp)
-        tmp.replace(path)
-        atomic_write_json(
-            profile.path / MODELS_META,
-            {"profile_hash": self.profile_hash, "fingerprint": self.fingerprint.to_dict(), **self.meta},
-        )
+        buf = io.BytesIO()
+        joblib.dump({"levels": self.levels, "ceilings": dict(self.ceilings)}, buf)
+        with profile.locked("saving fitted models"):  # the pair stays consistent under concurrent fits
+            atomic_write_bytes(path, buf.getvalue())
+            atomic_write_json(
+                profile.path / MODELS_META,
+                {"profile_hash": self.profile_hash, "fingerprint": self.fingerprint.to_dict(), **self.meta},
+            )
         return path
 
     @classmethod

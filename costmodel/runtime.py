@@ -1,15 +1,16 @@
 """The resolved run-time context shared by every entry point (conf/base.yaml).
 
-``check_cfg`` validates device, dtype, threads, allocator, seed, timing and limits without
-side effects; ``Runtime.from_cfg`` runs it before any work starts, then sets torch's
-thread count and the host allocator mode, and computes the device fingerprint and the
-profile folder that belongs to it.
+``check_cfg`` validates device, dtype, threads, allocator, seed, timing, limits and the
+measuring lock without side effects; ``Runtime.from_cfg`` runs it before any work starts,
+then sets torch's thread count and the host allocator mode, and computes the device
+fingerprint and the profile folder that belongs to it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -19,6 +20,7 @@ from hydra.utils import to_absolute_path
 from costmodel.allocator import ALLOCATOR_MODES, configure_allocator
 from costmodel.bench import SizeLimits
 from costmodel.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
+from costmodel.locks import MeasureLockConfig, measuring
 from costmodel.profile import DeviceProfile
 from costmodel.timing import TimingConfig
 
@@ -44,6 +46,7 @@ def check_cfg(cfg: Mapping[str, Any]) -> torch.device:
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
     timing_config(cfg.get("timing") or {})
+    MeasureLockConfig.from_cfg(cfg.get("measure_lock"))
     limits = (cfg.get("limits") or {}).get(device.type)
     if not isinstance(limits, Mapping):
         raise ValueError(f"limits.{device.type} must give max_flops, max_bytes (and max_call_s) for this device")
@@ -77,6 +80,7 @@ class Runtime:
     limits: SizeLimits
     profile_root: Path
     seed: int
+    measure_lock: MeasureLockConfig = field(default_factory=MeasureLockConfig)
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any], *, timing_overrides: Mapping[str, Any] | None = None) -> "Runtime":
@@ -89,6 +93,7 @@ class Runtime:
         timing_cfg = {**dict(cfg["timing"]), **dict(timing_overrides or {})}
         limits = cfg["limits"][device.type]
         timing = timing_config(timing_cfg)
+        measure_lock = MeasureLockConfig.from_cfg(cfg.get("measure_lock"))
         return cls(
             device=device,
             dtype=dtype,
@@ -98,7 +103,13 @@ class Runtime:
                               max_call_s=float(limits.get("max_call_s", float("inf")))),
             profile_root=_abs(str(cfg["profile"]["root"])),
             seed=int(cfg.get("seed", 0)),
+            measure_lock=measure_lock,
         )
 
     def open_profile(self, *, create: bool = True) -> DeviceProfile:
         return DeviceProfile.open(self.profile_root, self.fingerprint, create=create)
+
+    def measuring(self, what: str) -> AbstractContextManager[dict[str, Any]]:
+        """Hold this machine's measuring lock while timing (``measure_lock`` in conf/base.yaml):
+        ``with rt.measuring("moe_skew: timing layers") as note: ...``; ``note`` is for provenance."""
+        return measuring(what, self.measure_lock)

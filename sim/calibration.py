@@ -1,12 +1,13 @@
 """Calibrate on first use: measure what a layer needs, fit, and reuse on later runs.
 
 ``calibrated_model`` opens this device's profile (creating it), measures the ceilings if
-missing and every kernel of the given suite that the profile lacks (with progress),
-then loads the fitted models saved beside the profile, refitting only when the profile
-changed since. A second run with the same layer sizes measures nothing and fits nothing,
-except where the freshness check (``calibration.refresh=auto``, ``costmodel.freshness``) finds
-that a kernel family now runs at another speed than profiled: those families' kernels of the
-suite are re-measured and the models refitted.
+missing and every kernel of the given suite that the profile lacks (with progress, holding
+the machine's measuring lock, ``costmodel.locks``), then loads the fitted models saved
+beside the profile, refitting only when the profile changed since. A second run with the
+same layer sizes measures nothing and fits nothing, except where the freshness check
+(``calibration.refresh=auto``, ``costmodel.freshness``) finds that a kernel family now runs
+at another speed than profiled: those families' kernels of the suite are re-measured and
+the models refitted.
 
 The layer suites are "the suite the experiment needs": the layer's own families at its
 own widths, over a grid of the sizes routing or graphs can produce (token counts per
@@ -27,7 +28,7 @@ from rich.console import Console
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.ceilings import ensure_ceilings
 from costmodel.freshness import (
-    DEFAULT_TOLERANCE, check_freshness, check_policy, check_tolerance, last_writer_host, refresh_entry,
+    DEFAULT_TOLERANCE, FreshnessReport, check_freshness, check_policy, check_tolerance, last_writer_host, refresh_entry,
 )
 from costmodel.kernels import (
     ElementwiseSpec,
@@ -70,40 +71,58 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     """
     policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
     profile = rt.open_profile()
-    ensure_ceilings(profile, rt.device, rt.dtype, rt.timing)
-    before = profile.kernels()
-    suite_keys = {s.key() for _, s in suite}
-    present = suite_keys & set(before["key"]) if len(before) else set()
-    report = check_freshness(before, device=rt.device, timing=rt.timing, policy=policy, tolerance=tolerance,
-                             keys=present, last_host=last_writer_host(profile.provenance()))
-    if policy == "always":  # every family of the suite, checked or not
-        report.stale_families = sorted({s.family for _, s in suite if s.key() in present})
-    console.print(report.describe())
-    done = profile.measured_rounds()
-    missing = sum(1 for _, s in suite if any((s.key(), r) not in done for r in range(rt.timing.rounds)))
     # a layer's own kernels are measured whatever their size: only memory limits apply
     limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
-    if missing:
-        console.print(f"calibrating: {missing} kernels of suite {suite_name!r} are not in {profile.path.name} yet")
-        result = measure_specs(suite, profile, device=rt.device, timing=rt.timing, limits=limits,
-                               suite=suite_name, show_progress=progress)
-        profile.add_provenance({"command": f"calibration for {suite_name}", "measured": result.measured,
-                                "skipped": len(result.skipped), "wall_s": result.wall_s})
-    if report.stale_families:
-        stale = [(tag, s) for tag, s in suite if s.family in report.stale_families and s.key() in present]
-        why = (f"calibration.refresh=always before {suite_name}" if policy == "always" else
-               f"{suite_name}: families beyond ±{100 * tolerance:.0f}%: "
-               + ", ".join(f"{f} {report.family_ratio[f]:.2f}x" for f in report.stale_families))
-        profile.add_provenance(refresh_entry(report, report.stale_families, reason=why))  # before re-measuring
-        console.print(f"refreshing: re-measuring {len(stale)} kernels of {', '.join(report.stale_families)} "
-                      f"({why}); older rows of these families are scaled by their drift in the fit")
-        start = time.perf_counter()
-        result = measure_specs(stale, profile, device=rt.device, timing=rt.timing, limits=limits,
-                               suite=suite_name, show_progress=progress, remeasure=True)
-        report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
+
+    def missing_kernels() -> int:
+        done = profile.measured_rounds()
+        return sum(1 for _, s in suite if any((s.key(), r) not in done for r in range(rt.timing.rounds)))
+
+    ceilings = profile.ceilings()
+    report = FreshnessReport(policy=policy, tolerance=tolerance, note="not checked (calibration.refresh=never)")
+    if policy != "never" or ceilings is None or "cold_call_overhead_s" not in ceilings or missing_kernels():
+        # measuring (the freshness check times kernels too): hold the machine's measuring lock,
+        # then look again (a process we waited for may have measured into a shared profile)
+        with rt.measuring(f"calibration for {suite_name}") as lock_note:
+            if ceilings is None or "cold_call_overhead_s" not in ceilings:
+                profile.require_writable(f"measure the ceilings for {suite_name}")
+            ensure_ceilings(profile, rt.device, rt.dtype, rt.timing)
+            before = profile.kernels()
+            present = {s.key() for _, s in suite} & set(before["key"]) if len(before) else set()
+            report = check_freshness(before, device=rt.device, timing=rt.timing, policy=policy, tolerance=tolerance,
+                                     keys=present, last_host=last_writer_host(profile.provenance()))
+            if policy == "always":  # every family of the suite, checked or not
+                report.stale_families = sorted({s.family for _, s in suite if s.key() in present})
+            console.print(report.describe())
+            missing = missing_kernels()
+            if missing:
+                profile.require_writable(f"calibrate for {suite_name}")
+                console.print(f"calibrating: {missing} kernels of suite {suite_name!r} are not in {profile.path.name} yet")
+                result = measure_specs(suite, profile, device=rt.device, timing=rt.timing, limits=limits,
+                                       suite=suite_name, show_progress=progress)
+                profile.add_provenance({"command": f"calibration for {suite_name}", "measured": result.measured,
+                                        "rows_added": result.rows, "skipped": len(result.skipped),
+                                        "wall_s": result.wall_s, "measure_lock": lock_note})
+            if report.stale_families:
+                profile.require_writable(f"refresh the profile for {suite_name}")
+                stale = [(tag, s) for tag, s in suite if s.family in report.stale_families and s.key() in present]
+                why = (f"calibration.refresh=always before {suite_name}" if policy == "always" else
+                       f"{suite_name}: families beyond ±{100 * tolerance:.0f}%: "
+                       + ", ".join(f"{f} {report.family_ratio[f]:.2f}x" for f in report.stale_families))
+                entry = refresh_entry(report, report.stale_families, reason=why)
+                profile.add_provenance({**entry, "measure_lock": lock_note})  # before re-measuring
+                console.print(f"refreshing: re-measuring {len(stale)} kernels of {', '.join(report.stale_families)} "
+                              f"({why}); older rows of these families are scaled by their drift in the fit")
+                start = time.perf_counter()
+                result = measure_specs(stale, profile, device=rt.device, timing=rt.timing, limits=limits,
+                                       suite=suite_name, show_progress=progress, remeasure=True)
+                report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
+    else:
+        console.print(report.describe())
     try:
         model = CostModel.load(profile, expected=rt.fingerprint)
     except (ProfileError, StaleModelError):
+        profile.require_writable("save the fitted cost models beside the profile")
         console.print(f"fitting cost models on {len(profile.kernels())} measured kernels")
         model = CostModel.fit_profile(profile, cv_folds=cv_folds)
         model.save(profile)

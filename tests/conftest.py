@@ -13,3 +13,14 @@ TINY_TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1
 @pytest.fixture
 def tiny_timing() -> TimingConfig:
     return TINY_TIMING
+
+
+@pytest.fixture(autouse=True)
+def private_measuring_lock(tmp_path_factory, monkeypatch):
+    """Tests take their own measuring lock, not the machine-wide one: a bench running on this
+    machine must not make the test suite wait (nor the suite's tiny timings block it)."""
+    import costmodel.locks as locks
+
+    path = tmp_path_factory.getbasetemp() / "measuring.lock"
+    monkeypatch.setattr(locks, "default_measure_lock_path", lambda: path)
+    return path

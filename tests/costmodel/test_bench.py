@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -57,12 +59,28 @@ def test_interrupted_run_keeps_what_it_measured(profile, monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bench, "measure", interrupting)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stop:
         _run(profile)
+    assert isinstance(stop.value, bench.MeasureInterrupted)
     assert len(profile.measurements()) == 2  # flushed on the way out
+    assert str(stop.value).startswith("interrupted: this run's 2 measured rows (2 kernels) are saved in")
+    assert "of the 4 kernels asked for, 0 are complete and 2 partially measured" in str(stop.value)
+    assert "Rerun the same command to resume" in str(stop.value)
     monkeypatch.setattr(bench, "measure", real)
-    _run(profile)  # resumes the rest
+    resumed = _run(profile)  # resumes the rest
     assert len(profile.measurements()) == 3 * TIMING.rounds
+    assert (resumed.already, resumed.partial, resumed.measured, resumed.rows) == (0, 2, 3, 4)
+
+
+def test_counts_distinguish_complete_and_partial_kernels(profile):
+    _run(profile)
+    more = replace(TIMING, rounds=3)  # a third round asked for: every kernel is now partial
+    result = measure_specs(SPECS, profile, device=torch.device("cpu"), timing=more, limits=LIMITS, suite="test",
+                           show_progress=False)
+    assert (result.already, result.partial, result.measured, result.rows) == (0, 3, 3, 3)
+    again = measure_specs(SPECS, profile, device=torch.device("cpu"), timing=more, limits=LIMITS, suite="test",
+                          show_progress=False)
+    assert (again.already, again.partial, again.measured, again.rows) == (3, 0, 0, 0)
 
 
 def test_kernels_too_slow_to_repeat_are_skipped_with_a_note(profile):
