@@ -10,12 +10,15 @@ first job runs (``costmodel.sweep_check``, a Hydra callback in conf/config.yaml)
 An experiment module says whether it measures (``MEASURES``: "always", the default;
 "optional": ``measure=false`` predicts only; "never"). A job that measures refuses to run
 beside other jobs on one machine (``costmodel.launchers``); ``measure=false`` on an
-experiment that always measures is refused, not ignored.
+experiment that always measures is refused, not ignored. A measuring experiment holds the
+machine-wide measuring lock (``costmodel.locks``, ``measure_lock.mode``) for its whole run:
+exit 75 when it refuses, 130 after Ctrl-C (measured kernels are kept).
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 import hydra
@@ -42,10 +45,26 @@ def measures(module: object, cfg: DictConfig) -> bool:
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
+    from costmodel.locks import LockBusyError, MeasureLockConfig, measuring
+
     module = importlib.import_module(f"experiments.{cfg.name}")
-    if measures(module, cfg):
-        refuse_parallel_measuring(f"experiment={cfg.name}")
-    module.run(cfg)
+    if not measures(module, cfg):
+        module.run(cfg)
+        return
+    refuse_parallel_measuring(f"experiment={cfg.name}")
+    module.validate(cfg)  # a bad config fails at once, not after waiting for the measuring lock
+    try:
+        # the whole experiment (calibration, freshness check, layer timing) holds the
+        # machine's measuring lock: another measuring process would corrupt both timings
+        with measuring(f"experiment={cfg.name}", MeasureLockConfig.from_cfg(cfg.get("measure_lock"))):
+            module.run(cfg)
+    except LockBusyError as busy:  # one line, not a traceback
+        logging.getLogger("sim").error(str(busy))
+        sys.exit(75)
+    except KeyboardInterrupt:
+        logging.getLogger("sim").warning("interrupted: kernels measured so far are kept in the profile; rerun the "
+                                         "same command to continue (measured kernels are not repeated)")
+        sys.exit(130)
 
 
 if __name__ == "__main__":
