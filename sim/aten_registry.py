@@ -382,8 +382,21 @@ def _scatter_plain(call: OpCall) -> KernelSpec:
           family="softmax", note="rows = numel / size(dim); log_softmax and the backward passes as the "
                                  "nearest family (one row-wise pass)")
 def _softmax(call: OpCall) -> KernelSpec:
-    x, dim = call.args[0], call.args[1]
+    backward = call.func.overloadpacket in (aten._softmax_backward_data, aten._log_softmax_backward_data)
+    x, dim = call.args[0], int(call.args[2] if backward else call.args[1])
     cols = int(x.shape[dim]) if x.dim() else 1
+    return SoftmaxSpec(max(int(x.numel()) // max(cols, 1), 1), max(cols, 1), _spec_dtype(x, SoftmaxSpec.allowed_dtypes))
+
+
+@register([aten.native_layer_norm, aten.native_layer_norm_backward, aten._fused_rms_norm,
+           aten._fused_rms_norm_backward] if hasattr(aten, "_fused_rms_norm") else
+          [aten.native_layer_norm, aten.native_layer_norm_backward],
+          family="softmax", note="nearest family: a row-wise normalisation is one row pass like softmax "
+                                 "(rows = numel / normalized size, cols = normalized size)")
+def _norm(call: OpCall) -> KernelSpec:
+    backward = call.func.overloadpacket.__name__.endswith("_backward")
+    x, shape = (call.args[1], call.args[2]) if backward else (call.args[0], call.args[1])
+    cols = _prod(shape)
     return SoftmaxSpec(max(int(x.numel()) // max(cols, 1), 1), max(cols, 1), _spec_dtype(x, SoftmaxSpec.allowed_dtypes))
 
 
@@ -557,3 +570,5 @@ def classify(call: OpCall) -> tuple[str, Any]:
         return "kernel", entry.mapper(call)
     except (Unmappable, ValueError) as exc:  # ValueError: a descriptor refused the fields
         return "unmapped", f"{entry.family}: {exc}"
+    except Exception as exc:  # a mapper bug must not break the user's run: the op falls back, listed
+        return "unmapped", f"{entry.family}: mapper failed ({type(exc).__name__}: {exc})"

@@ -112,6 +112,14 @@ class CapturedTrace:
         return {op.spec.dtype for op in self.ops  # type: ignore[attr-defined]
                 if op.kind == "kernel" and op.spec is not None and op.spec.dtype in FLOAT_DTYPES}  # type: ignore[attr-defined]
 
+    def kinds_by_profiler_name(self) -> dict[str, set[str]]:
+        """Profiler op name (``aten::mm``) -> the kinds its captured calls were given."""
+        out: dict[str, set[str]] = {}
+        for op in self.ops:
+            packet = op.aten_op.split(".")[1] if op.aten_op.startswith("aten.") else op.aten_op
+            out.setdefault(f"aten::{packet}", set()).add(op.kind)
+        return out
+
     def counts(self) -> dict[str, int]:
         return {kind: sum(op.kind == kind for op in self.ops) for kind in OP_KINDS}
 
