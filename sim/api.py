@@ -167,6 +167,15 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
     _check_dtypes(trace.float_dtypes(), model, "the captured trace")
     ops = trace.predicted_ops()
     mapped = [op for op in ops if op.kind == "kernel"]
+    fitted = set(model.meta.get("families", ()))
+    missing = sorted({op.spec.family for op in mapped} - fitted) if fitted else []  # type: ignore[union-attr]
+    if missing:
+        raise ValueError(
+            f"the trace runs kernel families {missing} that the profile's models were not fitted on "
+            f"(fitted: {sorted(fitted)}): measure them first, e.g. sim.calibration.calibrated_model(rt, "
+            f"captured_suite([trace]), suite_name=...) or `python -m costmodel bench bench.families={missing}` "
+            "then `python -m costmodel fit`"
+        )
     kernels = predict_trace(model, [op.spec for op in mapped], levels, quiet=True)  # type: ignore[misc]
     kernels.insert(0, "aten_op", [op.aten_op for op in mapped])
     kernels.insert(1, "phase", [op.phase for op in mapped])
