@@ -116,6 +116,7 @@ NO_KERNEL_PACKETS = {
     aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
     aten._local_scalar_dense, aten.lift_fresh, aten.lift_fresh_copy, aten.detach, aten.alias,
     aten.resize_, aten.set_, aten.sym_size, aten.sym_stride, aten.sym_numel, aten.is_same_size,
+    aten._unsafe_view, aten._reshape_alias,  # views whose schema carries no alias annotation
 }
 
 
