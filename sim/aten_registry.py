@@ -265,12 +265,23 @@ def _embedding(call: OpCall) -> KernelSpec:
 
 
 @register([aten.index], family="gather",
-          note="advanced indexing x[idx] with one integer index on dim 0; boolean masks are unmapped")
+          note="advanced indexing x[idx] (or x[i, j] on leading dims: rows of the flattened block at the linear "
+               "index); boolean masks are unmapped")
 def _index(call: OpCall) -> KernelSpec:
-    src, indices = call.args[0], call.args[1]
-    if len(indices) != 1 or indices[0] is None:
-        raise Unmappable("indexing pattern other than a single index tensor on dim 0")
-    return _gather_spec(indices[0], _prod(src.shape[1:]), int(src.shape[0]), src)
+    src, indices = call.args[0], list(call.args[1])
+    while indices and indices[-1] is None:
+        indices.pop()
+    if not indices or any(i is None or i.dtype == torch.bool for i in indices):
+        raise Unmappable("indexing with a boolean mask or an index after a full slice")
+    if len(indices) == 1:
+        return _gather_spec(indices[0], _prod(src.shape[1:]), int(src.shape[0]), src)
+    # x[i, j, ...] on the leading dims: rows of the flattened leading block, at the linear index
+    lead = [int(s) for s in src.shape[:len(indices)]]
+    idx = torch.broadcast_tensors(*[i.detach().to("cpu", torch.int64) for i in indices])
+    linear = torch.zeros_like(idx[0])
+    for i, size in zip(idx, lead):
+        linear = linear * size + i
+    return _gather_spec(linear, _prod(src.shape[len(indices):]), _prod(lead), src)
 
 
 @register([aten.gather], family="gather",
@@ -350,13 +361,16 @@ def _scatter_add(call: OpCall) -> KernelSpec:
 
 @register([aten.index_put_, aten.index_put, aten._index_put_impl_], family="scatter",
           note="accumulate=True as index_add (nearest: the same add-at-index pattern); accumulate=False "
-               "as index_copy when the index is duplicate-free")
+               "as index_copy when the index is duplicate-free; into an integer tensor as an elementwise copy "
+               "of the values (nearest)")
 def _index_put(call: OpCall) -> KernelSpec:
     dest, indices, values = call.args[0], call.args[1], call.args[2]
     accumulate = bool(call.arg(3, "accumulate", False))
     if len(indices) != 1 or indices[0] is None or indices[0].dtype == torch.bool:
         raise Unmappable("index_put with other than one integer index tensor on dim 0")
     index = indices[0]
+    if dtype_name(dest) not in ScatterSpec.allowed_dtypes:  # integer bookkeeping (e.g. an inverse permutation)
+        return ElementwiseSpec("copy", max(int(values.numel()), 1), _spec_dtype(dest, ElementwiseSpec.allowed_dtypes))
     if not accumulate:
         if index.unique().numel() != index.numel() or index.numel() > dest.shape[0]:
             return _scatter_spec(call, dest, index, _expand_values(values, index, dest), "sum", "index_add")
@@ -472,15 +486,23 @@ def _nonzero(call: OpCall) -> KernelSpec:
 
 @register([aten.sum, aten.mean, aten.amax, aten.amin, aten.max, aten.min, aten.argmax, aten.argmin, aten.prod,
            aten.norm, aten.linalg_vector_norm, aten.var, aten.std, aten.var_mean, aten.any, aten.all,
-           aten.logsumexp],
+           aten.logsumexp, aten.aminmax, aten.count_nonzero],
           family="elementwise", note="nearest: a reduction is one streaming read of its input: op fill over "
                                      "the input's numel (numel*bytes, the same ideal traffic)")
 def _reduction(call: OpCall) -> KernelSpec:
     x = call.args[0]
     dt = dtype_name(x)
+    if dt == "bool":
+        dt = "int64" if x.numel() < 8 else dt  # a tiny mask: nearest int dtype (size barely matters)
     if dt not in ElementwiseSpec.allowed_dtypes:
         raise Unmappable(f"dtype {dt} is not one of the family's dtypes")
     return ElementwiseSpec("fill", max(int(x.numel()), 1), dt)
+
+
+@register([aten.floor_divide, aten.remainder], family="elementwise", note="op floordiv (one full input)")
+def _floordiv(call: OpCall) -> KernelSpec:
+    ref = call.args[0]
+    return _elementwise("floordiv", call, dtype_from=ref if dtype_name(ref) in ElementwiseSpec.allowed_dtypes else None)
 
 
 # pointwise ops: classified by name into the nearest ElementwiseSpec op
@@ -520,8 +542,11 @@ class _PointwiseMapper:
     def __call__(self, call: OpCall) -> KernelSpec:
         name = call.func.overloadpacket.__name__
         tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
-        float_in = next((t for t in tensors if t.is_floating_point()), None)
-        return _elementwise(_pointwise_op(name, call), call, dtype_from=float_in)
+        allowed = ElementwiseSpec.allowed_dtypes
+        # the compute dtype: a float input first (comparisons write bool), else any input the family knows
+        ref = next((t for t in tensors if t.is_floating_point() and dtype_name(t) in allowed), None)
+        ref = ref if ref is not None else next((t for t in tensors if dtype_name(t) in allowed), None)
+        return _elementwise(_pointwise_op(name, call), call, dtype_from=ref)
 
 
 POINTWISE_NOTE = ("any op tagged torch.Tag.pointwise: relu/silu/gelu/sigmoid by name; other transcendental unary "
