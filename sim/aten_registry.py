@@ -203,15 +203,17 @@ def _bmm(call: OpCall) -> KernelSpec:
 
 
 @register([aten._grouped_mm], family="grouped_gemm",
-          note="impl=grouped_mm; tokens per expert from the offsets tensor (2-D input x 3-D weights only)")
+          note="impl=grouped_mm; tokens per expert from the offsets tensor; the weight-gradient form "
+               "(2-D x 2-D, ragged reduction dim) as the nearest: same FLOPs and ideal bytes")
 def _grouped(call: OpCall) -> KernelSpec:
     x, w, offs = call.args[0], call.args[1], call.arg(2, "offs")
-    if x.dim() != 2 or w.dim() != 3 or offs is None:
-        raise Unmappable("only the ragged [sum n_e, K] x [E, K, N] form with offsets is described")
+    if offs is None or x.dim() != 2 or w.dim() not in (2, 3):
+        raise Unmappable("only the ragged forms with offsets ([sum n, K] x [E, K, N], [K, sum n] x [sum n, N]) are described")
     ends = offs.detach().to("cpu", torch.int64).numpy()
     counts = tuple(int(c) for c in np.diff(ends, prepend=0))
-    return GroupedGemmSpec(counts, int(x.shape[1]), int(w.shape[2]), "grouped_mm",
-                           _spec_dtype(x, GroupedGemmSpec.allowed_dtypes))
+    # 2-D x 2-D is the weight gradient (ragged reduction dim): the same 2*K*N*sum(n) FLOPs and ideal bytes
+    k = int(x.shape[1]) if w.dim() == 3 else int(x.shape[0])
+    return GroupedGemmSpec(counts, k, int(w.shape[-1]), "grouped_mm", _spec_dtype(x, GroupedGemmSpec.allowed_dtypes))
 
 
 # ----------------------------------------------------------------------------- sparse matmul
@@ -266,13 +268,14 @@ def _embedding(call: OpCall) -> KernelSpec:
 
 @register([aten.index], family="gather",
           note="advanced indexing x[idx] (or x[i, j] on leading dims: rows of the flattened block at the linear "
-               "index); boolean masks are unmapped")
+               "index); boolean masks and indices after a full slice as the nearest elementwise copy of the input")
 def _index(call: OpCall) -> KernelSpec:
     src, indices = call.args[0], list(call.args[1])
     while indices and indices[-1] is None:
         indices.pop()
     if not indices or any(i is None or i.dtype == torch.bool for i in indices):
-        raise Unmappable("indexing with a boolean mask or an index after a full slice")
+        # boolean masks (compaction) and indices after a full slice: nearest, one copy pass of the input
+        return ElementwiseSpec("copy", max(int(src.numel()), 1), _spec_dtype(src, ElementwiseSpec.allowed_dtypes))
     if len(indices) == 1:
         return _gather_spec(indices[0], _prod(src.shape[1:]), int(src.shape[0]), src)
     # x[i, j, ...] on the leading dims: rows of the flattened leading block, at the linear index
@@ -469,6 +472,25 @@ def _fill(call: OpCall) -> KernelSpec:
                                      "masked_fill as the nearest copy")
 def _copy(call: OpCall) -> KernelSpec:
     return _elementwise("copy", call)
+
+
+@register([aten.slice_backward, aten.select_backward], family="elementwise",
+          note="nearest: op copy of the gradient into a zeroed tensor (output numel)")
+def _slice_backward(call: OpCall) -> KernelSpec:
+    return _elementwise("copy", call)
+
+
+@register([aten.nll_loss_forward], family="gather",
+          note="nearest: picks one log-probability per row: a gather of N rows of width 1 out of C")
+def _nll(call: OpCall) -> KernelSpec:
+    logp, target = call.args[0], call.args[1]
+    return _gather_spec(target.clamp(min=0), 1, int(logp.shape[-1]), logp)
+
+
+@register([aten.nll_loss_backward], family="elementwise",
+          note="nearest: writes the zeroed [N, C] input gradient: op fill of N*C")
+def _nll_backward(call: OpCall) -> KernelSpec:
+    return _elementwise("fill", call)
 
 
 @register([aten.cumsum, aten.cumprod], family="elementwise", note="nearest: op scale (one input read, one FLOP per element)")
