@@ -28,6 +28,12 @@ TINY = {
                        "spectrum.moe.d_ff=16", "spectrum.moe.num_experts=4", "spectrum.gnn.num_nodes=256",
                        "spectrum.gnn.edges=[1024,2048]", "spectrum.gnn.width=8"],
     "roofline": [],
+    "hf_moe": ["hf_moe.tokens=16", "hf_moe.hidden_size=32", "hf_moe.intermediate_size=32",
+               "hf_moe.shared_expert_intermediate_size=32", "hf_moe.num_experts=4", "hf_moe.top_k=2",
+               "hf_moe.whole_model.layers=2", "hf_moe.whole_model.vocab_size=64", "hf_moe.whole_model.heads=2",
+               "hf_moe.whole_model.kv_heads=1", "routing.sweep.values=[0.0,3.0]", "measure.coverage_iterations=1"],
+    "pyg_conv": ["pyg.num_nodes=256", "pyg.num_edges=1024", "pyg.in_features=8", "pyg.hidden_features=8",
+                 "pyg.out_features=8", "graph.sweep.values=[0.25,0.6]", "measure.coverage_iterations=1"],
 }
 
 
