@@ -28,9 +28,9 @@ TINY = {
                        "spectrum.moe.d_ff=16", "spectrum.moe.num_experts=4", "spectrum.gnn.num_nodes=256",
                        "spectrum.gnn.edges=[1024,2048]", "spectrum.gnn.width=8"],
     "roofline": [],
-    "hf_moe": ["hf_moe.tokens=16", "hf_moe.hidden_size=32", "hf_moe.intermediate_size=32",
+    "hf_moe": ["hf_moe.models=[mixtral]", "hf_moe.implementations=[eager,grouped_mm]", "hf_moe.tokens=16", "hf_moe.hidden_size=32", "hf_moe.intermediate_size=32",
                "hf_moe.shared_expert_intermediate_size=32", "hf_moe.num_experts=4", "hf_moe.top_k=2",
-               "hf_moe.whole_model.layers=2", "hf_moe.whole_model.vocab_size=64", "hf_moe.whole_model.heads=2",
+               "hf_moe.whole_model.layers=1", "hf_moe.whole_model.vocab_size=64", "hf_moe.whole_model.heads=2",
                "hf_moe.whole_model.kv_heads=1", "routing.sweep.values=[0.0,3.0]", "measure.coverage_iterations=1"],
     "pyg_conv": ["pyg.num_nodes=256", "pyg.num_edges=1024", "pyg.in_features=8", "pyg.hidden_features=8",
                  "pyg.out_features=8", "graph.sweep.values=[0.25,0.6]", "measure.coverage_iterations=1"],
@@ -87,6 +87,11 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
         ("gnn_degree", ["gnn.num_edges=0"], "gnn.num_edges must be a positive integer"),
         ("mlp_batch", ["mlp.batches=[1,0]"], "mlp.batch must be a positive integer"),
         ("moe_skew", ["device=tpu"], "device must be one of"),
+        ("hf_moe", ["hf_moe.top_k=9", "hf_moe.num_experts=4"], r"hf_moe.top_k must be in \[1, hf_moe.num_experts=4\]"),
+        ("hf_moe", ["hf_moe.implementations=[eager,megablocks]"], "hf_moe.implementations must list some of"),
+        ("hf_moe", ["routing.capacity_factor=1.0"], "routing.capacity_factor must be null"),
+        ("pyg_conv", ["pyg.convs=[gcn,gat]"], "pyg.convs must list some of"),
+        ("pyg_conv", ["pyg.num_edges=0"], "pyg.num_edges must be a positive integer"),
     ],
 )
 def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path):
@@ -123,3 +128,12 @@ def test_summary_reports_errors_with_predictions_scaled_by_the_drift():
     assert scaled["factor"] == 1.25
     assert scaled["max"]["L3"] == pytest.approx(100 * 0.05 / 1.2)  # 1.25 vs 1.2 (2.5 vs 2.6 is 3.8%)
     assert scaled["median"]["L3"] == pytest.approx((100 * 0.05 / 1.2 + 100 * 0.1 / 2.6) / 2)
+
+
+@pytest.mark.parametrize("name, module, extra", [("hf_moe", "transformers", "hf"), ("pyg_conv", "torch_geometric", "pyg")])
+def test_missing_optional_library_says_what_to_install(name, module, extra, tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, module, None)  # import of it now fails
+    cfg = _cfg(name, tmp_path / "profiles")
+    with pytest.raises(ImportError, match=rf"pip install -e '\.\[{extra}\]'"):
+        importlib.import_module(f"experiments.{name}").run(cfg, out_dir=tmp_path / "out")
+    assert not (tmp_path / "profiles").exists()
