@@ -154,13 +154,17 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     workloads: list[CapturedWorkload] = []
     console.print("capturing the blocks' kernel traces")
     for name in h["models"]:
+        # one block per model, its weights shared by every implementation (transformers reads
+        # config._experts_implementation at each call): one copy of the experts in memory
+        block_cfg = hf_config(name, h, impls[0])
+        block = _init(moe_block(name, block_cfg), rt.seed, rt.device, dtype)
+        block.gate = PinnedGate(block.gate)
         for impl in impls:
-            block = _init(moe_block(name, hf_config(name, h, impl)), rt.seed, rt.device, dtype)
-            block.gate = PinnedGate(block.gate)
             for i, ((value, gen), routing) in enumerate(zip(generators, routings)):
                 pinned = block.gate.pin(routing, rt.device, dtype)
 
-                def forward(block=block, pinned=pinned) -> Any:
+                def forward(block=block, pinned=pinned, impl=impl, block_cfg=block_cfg) -> Any:
+                    block_cfg._experts_implementation = impl
                     block.gate.indices, block.gate.weights = pinned
                     with torch.no_grad():
                         return block(x)
@@ -173,11 +177,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                 if i == train_point and h["train_step"]:
                     xg = x.detach().clone().requires_grad_(False)
 
-                    def step(block=block, pinned=pinned, xg=xg) -> None:
+                    def step(block=block, pinned=pinned, xg=xg, impl=impl, block_cfg=block_cfg) -> None:
+                        block_cfg._experts_implementation = impl
                         block.gate.indices, block.gate.weights = pinned
                         block.zero_grad(set_to_none=True)
                         block(xg).float().sum().backward()
 
+                    block_cfg._experts_implementation = impl
                     block.gate.indices, block.gate.weights = pinned
                     trace = capture_module(block, (xg,), backward=True)
                     workloads.append(CapturedWorkload(f"{name}/{impl} train", step, trace,

@@ -172,3 +172,24 @@ def test_measure_module_latency_times_forward_and_step(tmp_path, tiny_timing):
     m = measure_module_latency(net, (torch.randn(8, 32),), model, backward=True, timing=tiny_timing)
     assert m.forward.median_s > 0 and m.step is not None and m.backward_s is not None
     assert np.isfinite(m.backward_s)
+
+
+def test_measured_coverage_counts_only_op_names_the_capture_saw():
+    import pandas as pd
+
+    from sim.simulator import measured_coverage
+
+    times = pd.DataFrame({"aten_op": ["aten::mm", "aten::_fft_r2c", "aten::linear"], "measured_s": [3.0, 1.0, 5.0]})
+    share, rows = measured_coverage(times, {"aten::mm": {"kernel", "view"}, "aten::_fft_r2c": {"unmapped"}})
+    assert share == pytest.approx(0.75)  # aten::linear (a composite wrapper the capture never saw) is left out
+    assert list(rows["kinds"]) == ["kernel,view", "unmapped", ""]
+
+
+def test_captured_suite_holds_each_distinct_kernel_once():
+    from sim.calibration import captured_suite
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU())
+    a = capture_trace(net, torch.randn(4, 8))
+    b = capture_trace(net, torch.randn(16, 8))
+    suite = [s for _, s in captured_suite([a, b])]
+    assert suite == [GemmSpec(4, 8, 8), ElementwiseSpec("relu", 32), GemmSpec(16, 8, 8), ElementwiseSpec("relu", 128)]
