@@ -76,6 +76,13 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     return CostModel.load(profile, expected=fp)
 
 
+def load_stored_cost_model(profile_path: str | Path) -> CostModel:
+    """The fitted cost model stored in one profile folder, of any device: how a trace captured
+    here is predicted for a device this machine is not (``predict_captured(trace, model)``)."""
+    profile = DeviceProfile.load(profile_path)
+    return CostModel.load(profile, expected=profile.fingerprint)
+
+
 def _predict(model: CostModel, trace: list[KernelSpec], levels: Sequence[str]) -> LayerPrediction:
     kernels = predict_trace(model, trace, levels)
     return LayerPrediction(
@@ -83,6 +90,7 @@ def _predict(model: CostModel, trace: list[KernelSpec], levels: Sequence[str]) -
         kernels=kernels,
         trace=tuple(trace),
         flops=float(sum(s.flops() for s in trace)),
+        coverage={lv: 1.0 for lv in levels},  # a hand-written trace lists modelled kernels only
     )
 
 

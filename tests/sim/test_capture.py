@@ -154,8 +154,16 @@ def test_measuring_a_module_on_another_device_than_the_profile_is_refused(tmp_pa
 
 
 def test_a_trace_captured_here_predicts_against_another_devices_profile(tmp_path):
+    from sim.api import load_stored_cost_model
+
     model = _model(tmp_path, device_kind="cuda")  # prediction alone works across devices
-    pred = predict_module_latency(torch.nn.Linear(32, 32), (torch.randn(16, 32),), model)
+    profile = DeviceProfile.open(tmp_path, model.fingerprint, create=False)
+    model.save(profile)
+    stored = load_stored_cost_model(profile.path)
+    assert stored.fingerprint.device_kind == "cuda"
+    trace = capture_trace(torch.nn.Linear(32, 32), torch.randn(16, 32))
+    pred = predict_captured(trace, stored)
+    assert pred.total_s["L3"] == pytest.approx(predict_captured(trace, model).total_s["L3"])
     assert pred.total_s["L3"] > 0
 
 
