@@ -411,7 +411,7 @@ class ElementwiseSpec(KernelSpec):
     """out[numel] = op(inputs...), one pass over the data (activation, add, scale, fill)."""
 
     family: ClassVar[str] = "elementwise"
-    allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64",)
+    allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64", "int32")
     op: str
     numel: int
     dtype: str = "float32"

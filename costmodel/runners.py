@@ -100,8 +100,8 @@ def _build(spec: KernelSpec, device: torch.device, seed: int) -> tuple[Callable[
         return ops.spmm, (adjacency, _randn((spec.num_src, spec.width), dt, device, gen))
     if isinstance(spec, ElementwiseSpec):
         n_inputs = ELEMENTWISE_OPS[spec.op][0]
-        if spec.dtype == "int64":
-            x = torch.randint(0, 1 << 20, (spec.numel,), generator=gen).to(device)
+        if spec.dtype in ("int64", "int32"):
+            x = torch.randint(0, 1 << 20, (spec.numel,), generator=gen).to(device=device, dtype=getattr(torch, dt))
             second: Any = 7
         else:
             x = _randn((spec.numel,), dt, device, gen)

@@ -78,6 +78,15 @@ def check_measure(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"per_kernel.iterations must be a positive integer (>= 1), got {iterations!r}")
 
 
+def check_coverage_iterations(cfg: Mapping[str, Any]) -> int:
+    """``coverage.iterations`` (>= 1): profiler passes per call for the measured coverage of
+    captured modules (hf_moe, pyg_conv)."""
+    value = (cfg.get("coverage") or {}).get("iterations", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"coverage.iterations must be a positive integer (>= 1), got {value!r}")
+    return value
+
+
 def backend_list(value: Any, field: str) -> list[str]:
     """A backends key: one name or a list of names (``moe.backends=loop`` is one backend)."""
     if isinstance(value, str):

@@ -1,10 +1,18 @@
-"""Python API: predict a layer's latency without running it.
+"""Python API: predict a layer's latency without running it, or any module's from one capture.
 
 >>> from sim.api import load_cost_model, predict_moe_latency
 >>> from sim.moe_layer import MoEConfig
 >>> model = load_cost_model()                    # this machine's fitted profile
 >>> p = predict_moe_latency(MoEConfig(backend="padded"), model, counts=[512] * 2 + [64] * 16)
 >>> p.total_s["L3"], p.kernels[["kernel", "L3"]]
+
+Any module (a Hugging Face MoE block, a PyG convolution, a stack of layers, a training
+step): ``predict_module_latency(module, args, model)`` captures its aten ops once
+(``sim.capture``), maps them through the kernel-family registry and predicts every kernel;
+``coverage`` says which share of the predicted time falls on modelled families. A trace
+captured on this machine can be predicted against any stored profile (another device's
+fingerprint), which is how a user without the target device uses the tool;
+``measure_module_latency`` times the real module and needs the profile's own device.
 
 ``load_cost_model`` only loads: it raises, naming the command to run, when this device
 has no fitted profile yet (``python -m costmodel bench`` then ``python -m costmodel
@@ -13,10 +21,12 @@ fit``, or any ``python -m sim`` experiment, which calibrates on first use).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -24,11 +34,16 @@ from costmodel.allocator import configure_allocator
 from costmodel.device import check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
+from costmodel.features import roofline_time_s
 from costmodel.profile import DeviceProfile
+from costmodel.timing import Measurement, TimingConfig
+from sim.capture import CapturedTrace, capture_trace, capture_training_step
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
 from sim.routing import Routing
-from sim.simulator import predict_trace
+from sim.simulator import measure_callable, predict_trace
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,14 @@ class LayerPrediction:
     kernels: pd.DataFrame
     trace: tuple[KernelSpec, ...]
     flops: float
+    #: share of the predicted time (per level) on ops of modelled families; 1.0 for hand traces
+    coverage: dict[str, float] = field(default_factory=dict)
+    #: ops the registry did not map (aten_op, count, shapes, reason, bytes_moved), predicted by the roofline fallback
+    unmapped: pd.DataFrame | None = None
+    #: predicted seconds per phase (forward, backward) and level, for captured traces
+    phase_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: the capture the prediction came from (None for hand-written traces)
+    captured: CapturedTrace | None = None
 
 
 def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: str | Path = "profiles",
@@ -59,6 +82,13 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     return CostModel.load(profile, expected=fp)
 
 
+def load_stored_cost_model(profile_path: str | Path) -> CostModel:
+    """The fitted cost model stored in one profile folder, of any device: how a trace captured
+    here is predicted for a device this machine is not (``predict_captured(trace, model)``)."""
+    profile = DeviceProfile.load(profile_path)
+    return CostModel.load(profile, expected=profile.fingerprint)
+
+
 def _predict(model: CostModel, trace: list[KernelSpec], levels: Sequence[str]) -> LayerPrediction:
     kernels = predict_trace(model, trace, levels)
     return LayerPrediction(
@@ -66,6 +96,7 @@ def _predict(model: CostModel, trace: list[KernelSpec], levels: Sequence[str]) -
         kernels=kernels,
         trace=tuple(trace),
         flops=float(sum(s.flops() for s in trace)),
+        coverage={lv: 1.0 for lv in levels},  # a hand-written trace lists modelled kernels only
     )
 
 
@@ -102,3 +133,172 @@ def predict_gnn_latency(
     """Latency of ``cfg``'s GNN layer on the graph ``edge_index`` ([2, E] int64)."""
     plan = GraphPlan.from_edge_index(edge_index, cfg.num_nodes, sorted_by_dst=cfg.edge_order == "dst_sorted")
     return _predict(model, gnn_trace(cfg, plan), levels)
+
+
+# ----------------------------------------------------------------------------- any module
+
+
+def _check_model(model: Any) -> CostModel:
+    if isinstance(model, CostModel):
+        return model
+    if isinstance(model, DeviceProfile):
+        raise TypeError(
+            f"got a device profile ({model.path}), not a fitted cost model: fit it with `python -m costmodel fit` "
+            "(or CostModel.fit_profile(profile)) and pass load_cost_model(...)"
+        )
+    raise TypeError(f"model must be a fitted CostModel (sim.api.load_cost_model()), got {type(model).__name__}")
+
+
+def _module_tensors(module: Any, args: Sequence[Any], kwargs: dict | None) -> list[torch.Tensor]:
+    from torch.utils._pytree import tree_flatten
+
+    tensors = [t for t in tree_flatten((list(args), kwargs or {}))[0] if isinstance(t, torch.Tensor)]
+    if isinstance(module, torch.nn.Module):
+        tensors += list(module.parameters()) + list(module.buffers())
+    return tensors
+
+
+def _check_dtypes(dtypes: set[str], model: CostModel, where: str) -> None:
+    other = sorted(dtypes - {model.fingerprint.dtype})
+    if other:
+        dt = other[0]
+        raise ValueError(
+            f"{where} computes in {other} but the profile was measured for {model.fingerprint.dtype} "
+            f"({model.fingerprint.describe()}): measure that dtype (`python -m costmodel bench dtype={dt}` then "
+            f"`python -m costmodel fit dtype={dt}`) and pass load_cost_model(dtype='{dt}'), or cast the module "
+            f"and inputs to {model.fingerprint.dtype}"
+        )
+
+
+def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[str] = LEVELS) -> LayerPrediction:
+    """Predict every op of a captured trace: mapped kernels by the cost model, unmapped ops
+    by the roofline fallback (ideal bytes / measured bandwidth + per-call overhead, the same
+    at every level; plus the cold-call overhead on a cold-cache profile, as ``predict_trace``)."""
+    model = _check_model(model)
+    _check_dtypes(trace.float_dtypes(), model, "the captured trace")
+    ops = trace.predicted_ops()
+    mapped = [op for op in ops if op.kind == "kernel"]
+    fitted = set(model.meta.get("families", ()))
+    missing = sorted({op.spec.family for op in mapped} - fitted) if fitted else []  # type: ignore[union-attr]
+    if missing:
+        raise ValueError(
+            f"the trace runs kernel families {missing} that the profile's models were not fitted on "
+            f"(fitted: {sorted(fitted)}): measure them first, e.g. sim.calibration.calibrated_model(rt, "
+            f"captured_suite([trace]), suite_name=...) or `python -m costmodel bench bench.families={missing}` "
+            "then `python -m costmodel fit`"
+        )
+    kernels = predict_trace(model, [op.spec for op in mapped], levels, quiet=True)  # type: ignore[misc]
+    kernels.insert(0, "aten_op", [op.aten_op for op in mapped])
+    kernels.insert(1, "phase", [op.phase for op in mapped])
+    kernels["modelled"] = True
+    fallback = [op for op in ops if op.kind == "unmapped"]
+    if fallback:
+        bytes_moved = np.array([op.bytes_moved for op in fallback], dtype=np.float64)
+        seconds = roofline_time_s(np.zeros_like(bytes_moved), bytes_moved, model.ceilings)
+        if model.fingerprint.cache == "cold":
+            seconds = seconds + float(model.ceilings.get("cold_call_overhead_s", 0.0))
+        extra = pd.DataFrame({"aten_op": [op.aten_op for op in fallback], "phase": [op.phase for op in fallback],
+                              "family": "roofline_fallback", "kernel": [op.aten_op for op in fallback], "flops": 0.0,
+                              **{lv: seconds for lv in levels}, "modelled": False})
+        order = {op.index: i for i, op in enumerate(mapped)} | {op.index: len(mapped) + i for i, op in enumerate(fallback)}
+        kernels = pd.concat([kernels, extra], ignore_index=True)
+        kernels = kernels.iloc[[order[op.index] for op in ops]].reset_index(drop=True)
+    total = {lv: float(kernels[lv].sum()) for lv in levels}
+    coverage = {lv: float(kernels.loc[kernels["modelled"], lv].sum()) / total[lv] if total[lv] > 0 else 1.0
+                for lv in levels}
+    phases = {ph: {lv: float(kernels.loc[kernels["phase"] == ph, lv].sum()) for lv in levels}
+              for ph in kernels["phase"].unique()}
+    specs = tuple(op.spec for op in mapped)  # type: ignore[misc]
+    return LayerPrediction(total_s=total, kernels=kernels, trace=specs, flops=float(sum(s.flops() for s in specs)),
+                           coverage=coverage, unmapped=trace.unmapped(), phase_s=phases, captured=trace)
+
+
+def capture_module(module: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None, *,
+                   backward: bool = False, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CapturedTrace:
+    """Capture one forward call (or forward + loss + backward) of ``module``."""
+    if backward:
+        if isinstance(module, torch.nn.Module):
+            module.zero_grad(set_to_none=True)  # the measured step starts from no grads, as does capture
+        return capture_training_step(module, tuple(args), kwargs, loss_fn)
+    return capture_trace(module, *args, **(kwargs or {}))
+
+
+def predict_module_latency(
+    module: Callable[..., Any],
+    args: Sequence[Any],
+    model: CostModel,
+    kwargs: dict | None = None,
+    backward: bool = False,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    levels: Sequence[str] = LEVELS,
+) -> LayerPrediction:
+    """Predicted latency of ``module(*args, **kwargs)`` (plus ``loss.backward()`` with
+    ``backward=True``; loss = ``loss_fn(output)`` or ``output.float().sum()``).
+
+    The module runs once on real tensors (capture), on whatever device they live on; the
+    prediction is for ``model``'s device, which may be another one."""
+    model = _check_model(model)
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of positional arguments, got {type(args).__name__} (wrap it: (x,))")
+    float_dtypes = {str(t.dtype).removeprefix("torch.") for t in _module_tensors(module, args, kwargs)
+                    if t.is_floating_point()}
+    _check_dtypes(float_dtypes, model, "the module")
+    trace = capture_module(module, args, kwargs, backward=backward, loss_fn=loss_fn)
+    if trace.device.split(":")[0] != model.fingerprint.device_kind:
+        log.info("predicting a trace captured on %s for the profile of %s", trace.device, model.fingerprint.describe())
+    return predict_captured(trace, model, levels)
+
+
+def _check_same_device(module: Any, args: Sequence[Any], kwargs: dict | None, model: CostModel) -> torch.device:
+    devices = {t.device for t in _module_tensors(module, args, kwargs)}
+    if len(devices) > 1:
+        raise ValueError(f"the module and its inputs live on several devices {sorted(map(str, devices))}: "
+                         "move them to one (module.to(device), x.to(device))")
+    device = devices.pop() if devices else torch.device("cpu")
+    if device.type != model.fingerprint.device_kind:
+        raise ValueError(
+            f"the module runs on {device} but the profile is for {model.fingerprint.device_kind} "
+            f"({model.fingerprint.describe()}): measuring needs the profile's own device; move the module and "
+            f"inputs there, or load this device's profile (load_cost_model(device='{device.type}')). "
+            "Predicting alone (predict_module_latency) works across devices"
+        )
+    return device
+
+
+@dataclass(frozen=True)
+class ModuleMeasurement:
+    """Measured latency of a module's forward and, for a training step, forward + backward."""
+
+    forward: Measurement
+    step: Measurement | None = None
+
+    @property
+    def backward_s(self) -> float | None:
+        return None if self.step is None else max(self.step.median_s - self.forward.median_s, 0.0)
+
+
+def measure_module_latency(
+    module: Callable[..., Any], args: Sequence[Any], model: CostModel, kwargs: dict | None = None,
+    backward: bool = False, *, loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    timing: TimingConfig | None = None,
+) -> ModuleMeasurement:
+    """Time the real module on the profile's device (refuses another device), the forward
+    alone and, with ``backward=True``, the whole step (grads reset before every call)."""
+    from sim.capture import default_loss
+
+    model = _check_model(model)
+    device = _check_same_device(module, args, kwargs, model)
+    timing = timing or TimingConfig(cold_cache=model.fingerprint.cache == "cold")
+    kwargs = kwargs or {}
+    forward = measure_callable(lambda: module(*args, **kwargs), device, timing)
+    if not backward:
+        return ModuleMeasurement(forward)
+    loss = loss_fn or default_loss
+
+    def step() -> None:
+        if isinstance(module, torch.nn.Module):
+            module.zero_grad(set_to_none=True)
+        loss(module(*args, **kwargs)).backward()
+
+    return ModuleMeasurement(forward, measure_callable(step, device, timing))

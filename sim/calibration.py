@@ -332,3 +332,14 @@ def aggregation_suite(num_nodes: int, edge_counts: Sequence[int], width: int, cv
             out.append(ScatterSpec(e, width, num_nodes, "sum", "index_add",
                                    realised_cv(e, num_nodes, cv, sorted=False), False, dtype))
     return [("calibration", s) for s in dict.fromkeys(out)]
+
+
+def captured_suite(traces: Sequence[Any]) -> TaggedSpecs:
+    """The distinct kernels of captured traces (``sim.capture.CapturedTrace``): what the
+    captured modules really run, measured once each. Ops the registry left unmapped are
+    not in it (they are predicted by the roofline fallback, from the ceilings)."""
+    seen: dict[str, KernelSpec] = {}
+    for trace in traces:
+        for s in trace.kernels():
+            seen.setdefault(s.key(), s)
+    return [("calibration", s) for s in seen.values()]

@@ -89,6 +89,11 @@ class GraphPlan:
     out_degree_cv: float
     src_sorted: bool
     dst_sorted: bool
+    #: distinct (dst, src) pairs and the CV of their per-destination counts: the CSR adjacency
+    #: merges duplicate edges, so the sparse_csr backend multiplies this many non-zeros
+    #: (None: a graph without duplicates, num_edges and in_degree_cv)
+    csr_nnz: int | None = None
+    csr_row_cv: float | None = None
 
     @classmethod
     def from_edge_index(cls, edge_index: torch.Tensor, num_nodes: int, *, sorted_by_dst: bool) -> "GraphPlan":
@@ -99,7 +104,15 @@ class GraphPlan:
             in_degree_cv=_cv(np.bincount(dst, minlength=num_nodes)),
             out_degree_cv=_cv(np.bincount(src, minlength=num_nodes)),
             src_sorted=bool(np.all(src[1:] >= src[:-1])), dst_sorted=bool(np.all(dst[1:] >= dst[:-1])),
+            **_csr_facts(src, dst, num_nodes),
         )
+
+
+def _csr_facts(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> dict[str, object]:
+    pairs = np.unique(dst.astype(np.int64) * num_nodes + src)
+    if pairs.size == src.size:
+        return {}
+    return {"csr_nnz": int(pairs.size), "csr_row_cv": _cv(np.bincount(pairs // num_nodes, minlength=num_nodes))}
 
 
 def _cv(counts: np.ndarray) -> float:
@@ -121,7 +134,9 @@ def gnn_trace(cfg: GNNConfig, plan: GraphPlan) -> list[KernelSpec]:
     if plan.num_nodes != N:
         raise ValueError(f"graph has {plan.num_nodes} nodes but gnn.num_nodes={N}")
     if cfg.backend == "sparse_csr":
-        aggregate: list[KernelSpec] = [SpmmSpec(E, W, N, N, plan.in_degree_cv, dt)]
+        nnz = plan.csr_nnz if plan.csr_nnz is not None else E
+        row_cv = plan.csr_row_cv if plan.csr_row_cv is not None else plan.in_degree_cv
+        aggregate: list[KernelSpec] = [SpmmSpec(nnz, W, N, N, row_cv, dt)]
     else:
         aggregate = [GatherSpec(E, W, N, plan.out_degree_cv, plan.src_sorted, dt)]
         if cfg.kind == "gcn" and cfg.aggregation == "sum":

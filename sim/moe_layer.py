@@ -338,7 +338,8 @@ class MoELayer(nn.Module):
             return ops.gather(y_pad.view(E * max_n, D), slots)
 
     def _experts_grouped(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        offsets = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=x_sorted.device)
+        # int32 on the host, then moved: no int64 -> int32 conversion kernel in the forward pass
+        offsets = torch.from_numpy(np.cumsum(counts, dtype=np.int32)).to(x_sorted.device)
         *first, last = self.projections
         hidden = []
         for w in first:

@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from image_venv import make_image_venv  # noqa: E402
 
 pytestmark = pytest.mark.slow
-STAGES = ["preflight", "gpu_overrides", "gpu_tests", "bench", "fit", "moe_skew", "gnn_degree", "gemm_same_flops", "mlp_batch"]
+STAGES = ["preflight", "gpu_overrides", "gpu_tests", "bench", "fit", "moe_skew", "gnn_degree", "gemm_same_flops",
+          "mlp_batch", "moe_design", "hf_moe", "pyg_conv"]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +38,7 @@ def _dry_run(python: Path, out: Path, **env: str) -> subprocess.CompletedProcess
     environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     environ.update(DRY_RUN="1", PY=str(python), OUT=str(out), PIP_NO_INDEX="1", **env)
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], cwd=ROOT, env=environ,
-                          capture_output=True, text=True, timeout=1200)
+                          capture_output=True, text=True, timeout=2400)
 
 
 def test_image_venv_lacks_what_the_image_lacks(image_python):
@@ -68,7 +69,7 @@ def test_dry_run_every_stage_survives_a_failing_one(image_python, tmp_path):
         names = tar.getnames()
     assert any(n.endswith("measurements.csv") for n in names)
     assert any(n.endswith("models.joblib") for n in names)
-    for exp in ("moe_skew", "gnn_degree", "gemm_same_flops"):
+    for exp in ("moe_skew", "gnn_degree", "gemm_same_flops", "moe_design", "hf_moe", "pyg_conv"):
         assert f"./{exp}/summary.json" in names, names
     assert "./logs/mlp_batch.log" in names
     env = json.loads((out / "env.json").read_text())

@@ -33,6 +33,12 @@ TINY = {
     "moe_design": ["design.tokens=[16,64]", "design.d_model=[32]", "design.ffn_mult=1", "design.num_experts=[4]",
                    "design.top_k=[1,2]", "design.anchor.tokens=64", "design.anchor.d_model=32",
                    "design.anchor.num_experts=4", "sample.points=3"],
+    "hf_moe": ["hf_moe.models=[mixtral]", "hf_moe.implementations=[eager,grouped_mm]", "hf_moe.tokens=16", "hf_moe.hidden_size=32", "hf_moe.intermediate_size=32",
+               "hf_moe.shared_expert_intermediate_size=32", "hf_moe.num_experts=4", "hf_moe.top_k=2",
+               "hf_moe.whole_model.layers=1", "hf_moe.whole_model.vocab_size=64", "hf_moe.whole_model.heads=2",
+               "hf_moe.whole_model.kv_heads=1", "routing.sweep.values=[0.0,3.0]", "coverage.iterations=1"],
+    "pyg_conv": ["pyg.num_nodes=256", "pyg.num_edges=1024", "pyg.in_features=8", "pyg.hidden_features=8",
+                 "pyg.out_features=8", "graph.sweep.values=[0.25,0.6]", "coverage.iterations=1"],
 }
 
 
@@ -180,6 +186,11 @@ def test_an_experiment_that_always_measures_refuses_measure_false(tmp_path):
         ("moe_design", ["sample.noise_pct=150"], r"sample.noise_pct must be in \[0, 100\)"),
         ("moe_design", ["design.routings.0.sweep.values=[-1.0]"], r"design.routings\[0\].sweep: exponent=-1.0"),
         ("moe_design", ["measure=maybe"], "measure must be true or false"),
+        ("hf_moe", ["hf_moe.top_k=9", "hf_moe.num_experts=4"], r"hf_moe.top_k must be in \[1, hf_moe.num_experts=4\]"),
+        ("hf_moe", ["hf_moe.implementations=[eager,megablocks]"], "hf_moe.implementations must list some of"),
+        ("hf_moe", ["routing.capacity_factor=1.0"], "routing.capacity_factor must be null"),
+        ("pyg_conv", ["pyg.convs=[gcn,gat]"], "pyg.convs must list some of"),
+        ("pyg_conv", ["pyg.num_edges=0"], "pyg.num_edges must be a positive integer"),
     ],
 )
 def test_bad_input_fails_before_any_measuring(name, overrides, message, tmp_path):
@@ -233,3 +244,12 @@ def test_tiny_heterogeneous_placement_runs_each_device_alone(tmp_path):
     assert len({d["profile"] for d in details["devices"]}) == 2
     assert len(list((tmp_path / "profiles").iterdir())) == 2
     _check_placement_outputs({**summary, "details": {**details, "concurrent": True}}, out)
+
+
+@pytest.mark.parametrize("name, module, extra", [("hf_moe", "transformers", "hf"), ("pyg_conv", "torch_geometric", "pyg")])
+def test_missing_optional_library_says_what_to_install(name, module, extra, tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, module, None)  # import of it now fails
+    cfg = _cfg(name, tmp_path / "profiles")
+    with pytest.raises(ImportError, match=rf"pip install -e '\.\[{extra}\]'"):
+        importlib.import_module(f"experiments.{name}").run(cfg, out_dir=tmp_path / "out")
+    assert not (tmp_path / "profiles").exists()

@@ -1,0 +1,278 @@
+"""Capture the kernel trace of any callable: run it once under a ``TorchDispatchMode``.
+
+Every aten op the callable dispatches is recorded with its input shapes, dtypes and
+strides, and classified by the one registry in ``sim.aten_registry``:
+
+- ``view``: views, aliases, allocations and host reads launch no kernel and are not predicted;
+- ``kernel``: mapped to a kernel descriptor (``costmodel.kernels``), value-dependent fields
+  (tokens per expert, index statistics) read from the real tensors;
+- ``absorbed``: a zero fill whose tensor the next scatter / sparse matmul writes into; the
+  suite times ``zeros + index_add_`` as one scatter kernel (``costmodel.ops.scatter``), so the
+  fill is part of that kernel, not a second one;
+- ``unmapped``: an op the registry does not know or cannot describe; never dropped: listed
+  by ``CapturedTrace.unmapped()`` and predicted by the roofline fallback (its ideal bytes,
+  every tensor argument read once and every output written once, over the measured
+  bandwidth, plus the per-call overhead: Williams, Waterman & Patterson, CACM 2009).
+
+This is the technique of PyTorch's ``FlopCounterMode`` (``torch/utils/flop_counter.py``)
+and its runtime estimator (``torch/distributed/_tools/runtime_estimator.py``), with the
+project's descriptors in place of FLOP formulas, so the measured cost model predicts each op.
+
+>>> trace = capture_trace(layer, x)            # run once, record every op
+>>> trace.kernels()                            # list[KernelSpec], in execution order
+>>> trace.unmapped()                           # what the registry did not know
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from costmodel.kernels import FLOAT_DTYPES, ElementwiseSpec, KernelSpec
+from sim.aten_registry import OpCall, classify, dtype_name
+
+OP_KINDS = ("kernel", "view", "absorbed", "unmapped")
+PHASES = ("forward", "backward")
+
+
+class CaptureError(RuntimeError):
+    """The callable could not be captured (it raised, or it ran no kernel)."""
+
+
+@dataclass
+class CapturedOp:
+    """One aten call: what ran, on what, and how the registry described it."""
+
+    index: int
+    aten_op: str  # e.g. "aten.mm.default"
+    kind: str  # one of OP_KINDS
+    phase: str  # forward | backward
+    shapes: tuple[tuple[int, ...], ...]  # tensor arguments, in order
+    dtypes: tuple[str, ...]
+    strides: tuple[tuple[int, ...], ...]
+    out_shapes: tuple[tuple[int, ...], ...]
+    bytes_moved: float  # ideal traffic: each tensor argument read once, each output written once
+    spec: KernelSpec | None = None
+    reason: str = ""  # why unmapped
+
+
+@dataclass
+class CapturedTrace:
+    """Every op one run of a callable dispatched, in order, with its kernel descriptor."""
+
+    ops: list[CapturedOp]
+    device: str
+    capture_s: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def predicted_ops(self) -> list[CapturedOp]:
+        """Ops that launch a kernel of their own: mapped ones and unmapped ones."""
+        return [op for op in self.ops if op.kind in ("kernel", "unmapped")]
+
+    def kernels(self, phase: str | None = None) -> list[KernelSpec]:
+        """Descriptors of the mapped kernels, in execution order (optionally one phase)."""
+        return [op.spec for op in self.ops
+                if op.kind == "kernel" and op.spec is not None and (phase is None or op.phase == phase)]
+
+    def table(self) -> pd.DataFrame:
+        """One row per recorded op (views included), for reading and for CSV."""
+        return pd.DataFrame([{
+            "index": op.index, "aten_op": op.aten_op, "kind": op.kind, "phase": op.phase,
+            "family": op.spec.family if op.spec is not None else "",
+            "kernel": op.spec.label() if op.spec is not None else "",
+            "shapes": " ".join("x".join(map(str, s)) or "scalar" for s in op.shapes),
+            "dtypes": ",".join(op.dtypes), "bytes_moved": op.bytes_moved, "reason": op.reason,
+        } for op in self.ops])
+
+    def unmapped(self) -> pd.DataFrame:
+        """Ops the registry did not map: name, count, distinct shapes, reason, total bytes."""
+        rows: dict[str, dict[str, Any]] = {}
+        for op in self.ops:
+            if op.kind != "unmapped":
+                continue
+            row = rows.setdefault(op.aten_op, {"aten_op": op.aten_op, "count": 0, "shapes": [], "reason": op.reason,
+                                               "bytes_moved": 0.0})
+            row["count"] += 1
+            row["bytes_moved"] += op.bytes_moved
+            shape = " ".join("x".join(map(str, s)) for s in op.shapes)
+            if shape not in row["shapes"] and len(row["shapes"]) < 4:
+                row["shapes"].append(shape)
+        frame = pd.DataFrame(list(rows.values()), columns=["aten_op", "count", "shapes", "reason", "bytes_moved"])
+        frame["shapes"] = frame["shapes"].map(lambda s: "; ".join(s))
+        return frame
+
+    def float_dtypes(self) -> set[str]:
+        """Floating-point dtypes the mapped kernels compute in."""
+        return {op.spec.dtype for op in self.ops  # type: ignore[attr-defined]
+                if op.kind == "kernel" and op.spec is not None and op.spec.dtype in FLOAT_DTYPES}  # type: ignore[attr-defined]
+
+    def kinds_by_profiler_name(self) -> dict[str, set[str]]:
+        """Profiler op name (``aten::mm``) -> the kinds its captured calls were given."""
+        out: dict[str, set[str]] = {}
+        for op in self.ops:
+            packet = op.aten_op.split(".")[1] if op.aten_op.startswith("aten.") else op.aten_op
+            out.setdefault(f"aten::{packet}", set()).add(op.kind)
+        return out
+
+    def counts(self) -> dict[str, int]:
+        return {kind: sum(op.kind == kind for op in self.ops) for kind in OP_KINDS}
+
+
+def _tensors(values: Any) -> list[torch.Tensor]:
+    flat, _ = tree_flatten(values)
+    return [v for v in flat if isinstance(v, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    if t.layout == torch.strided:
+        return t.numel() * t.element_size()
+    if t.layout == torch.sparse_csr:
+        return (t._nnz() * (t.element_size() + 8) + (t.shape[0] + 1) * 8)
+    return t.numel() * t.element_size()
+
+
+def _ptr(t: torch.Tensor) -> int | None:
+    if t.layout != torch.strided or t.device.type == "meta":
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _strides(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.stride()) if t.layout == torch.strided else ()
+
+
+class CaptureMode(TorchDispatchMode):
+    """Records every aten op and classifies it through ``sim.aten_registry``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[CapturedOp] = []
+        self.phase = "forward"
+        self._pending_fills: dict[int, int] = {}  # storage ptr -> index of the fill that wrote it
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self._record(func, args, kwargs, out)
+        return out
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        inputs = _tensors((args, kwargs))
+        outputs = _tensors(out)
+        call = OpCall(func, args, kwargs, out)
+        kind, detail = classify(call)
+        seen: set[int] = set()
+        bytes_moved = 0
+        for t in [*inputs, *outputs]:
+            key = id(t) if _ptr(t) is None else (_ptr(t), t.numel())
+            if key in seen:
+                continue
+            seen.add(key)  # type: ignore[arg-type]
+            bytes_moved += _nbytes(t)
+        op = CapturedOp(
+            index=len(self.ops), aten_op=str(func), kind=kind, phase=self.phase,
+            shapes=tuple(tuple(int(s) for s in t.shape) for t in inputs),
+            dtypes=tuple(dtype_name(t) for t in inputs), strides=tuple(_strides(t) for t in inputs),
+            out_shapes=tuple(tuple(int(s) for s in t.shape) for t in outputs),
+            bytes_moved=float(bytes_moved),
+            spec=detail if kind == "kernel" else None,
+            reason=detail if kind == "unmapped" else "",
+        )
+        if kind == "view":
+            self.ops.append(op)
+            return
+        # a pending fill is folded into the scatter that writes into it, and only into that:
+        # any other kernel reading the filled tensor first makes the fill a kernel of its own
+        absorbed = _ptr(call.absorbs) if call.absorbs is not None else None
+        if absorbed is not None and absorbed in self._pending_fills:
+            self.ops[self._pending_fills.pop(absorbed)].kind = "absorbed"
+        for t in inputs:
+            p = _ptr(t)
+            if p is not None and p != absorbed:
+                self._pending_fills.pop(p, None)
+        self.ops.append(op)
+        if isinstance(op.spec, ElementwiseSpec) and op.spec.op == "fill" and outputs and func.overloadpacket in _FILL_PACKETS:
+            p = _ptr(outputs[0])
+            if p is not None:
+                self._pending_fills[p] = op.index
+
+
+_FILL_PACKETS = {torch.ops.aten.zeros, torch.ops.aten.zeros_like, torch.ops.aten.zero_, torch.ops.aten.new_zeros,
+                 torch.ops.aten.fill_, torch.ops.aten.full, torch.ops.aten.new_full, torch.ops.aten.full_like}
+
+
+def _device_of(values: Any) -> str:
+    devices = {str(t.device) for t in _tensors(values)}
+    return devices.pop() if len(devices) == 1 else ("mixed: " + ", ".join(sorted(devices)) if devices else "cpu")
+
+
+def capture_trace(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> CapturedTrace:
+    """Run ``fn(*args, **kwargs)`` once and return every op it dispatched, classified.
+
+    Raises ``CaptureError`` (naming the exception and the fix) when ``fn`` raises, and
+    when it runs no op that launches a kernel."""
+    if not callable(fn):
+        raise TypeError(f"capture_trace needs a callable (a module or function), got {type(fn).__name__}")
+    mode = CaptureMode()
+    start = time.perf_counter()
+    try:
+        with mode:
+            fn(*args, **kwargs)
+    except Exception as exc:
+        raise CaptureError(
+            f"the captured callable raised {type(exc).__name__}: {exc}. Capture runs it once on real tensors: "
+            "call it yourself with the same arguments first and fix that error"
+        ) from exc
+    return _finish(mode, time.perf_counter() - start, _device_of((args, kwargs)))
+
+
+def _finish(mode: CaptureMode, capture_s: float, device: str) -> CapturedTrace:
+    trace = CapturedTrace(mode.ops, device, capture_s)
+    if not trace.predicted_ops():
+        raise CaptureError(
+            f"the callable ran no op that launches a kernel ({len(mode.ops)} view/allocation ops only): "
+            "nothing to predict; pass a callable that computes on tensors (a module's forward, a training step)"
+        )
+    return trace
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """output.float().sum() of the first floating-point tensor in the output."""
+    for t in _tensors(output):
+        if t.is_floating_point() and t.requires_grad:
+            return t.float().sum()
+    raise CaptureError(
+        "backward=True needs an output tensor that requires grad: the module returned none (is it under "
+        "torch.no_grad(), or are its parameters frozen?); pass loss_fn= or use backward=False"
+    )
+
+
+def capture_training_step(module: Callable[..., Any], args: tuple, kwargs: dict | None = None,
+                          loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CapturedTrace:
+    """Capture forward, the loss, and ``loss.backward()``: ops tagged forward / backward."""
+    kwargs = kwargs or {}
+    mode = CaptureMode()
+    start = time.perf_counter()
+    try:
+        with mode:
+            output = module(*args, **kwargs)
+            loss = (loss_fn or default_loss)(output)
+            mode.phase = "backward"
+            loss.backward()
+    except CaptureError:
+        raise
+    except Exception as exc:
+        raise CaptureError(
+            f"the captured training step raised {type(exc).__name__}: {exc}. Capture runs forward and "
+            "loss.backward() once on real tensors: run them yourself with the same arguments and fix that error"
+        ) from exc
+    return _finish(mode, time.perf_counter() - start, _device_of((args, kwargs)))
