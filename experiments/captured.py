@@ -63,6 +63,7 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
                                 progress=progress)
     df = add_errors(pd.concat([pd.DataFrame(rows), pd.DataFrame(timed)], axis=1))
     df.attrs["rounds"] = timing.rounds
+    df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     coverage = []
     for w in workloads:
         share, _ = measured_coverage(profile_aten_ops(w.run, device=device, iterations=coverage_iterations),
