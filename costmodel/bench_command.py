@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from rich.console import Console
+from costmodel.console import make_console
 from rich.table import Table
 
 from costmodel.bench import MeasureInterrupted, measure_specs
@@ -19,7 +19,7 @@ from costmodel.ops import scatter_backends_available
 from costmodel.runtime import Runtime, check_cfg, timing_config
 from costmodel.suite import expand_suite
 
-console = Console()
+console = make_console()
 
 
 def ceilings_table(ceilings: dict[str, Any]) -> Table:

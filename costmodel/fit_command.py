@@ -14,7 +14,7 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from rich.console import Console
+from costmodel.console import make_console
 from rich.table import Table
 
 from costmodel.evaluation import evaluate_split, extrapolation_split, heldout_split
@@ -24,7 +24,7 @@ from costmodel.predictor import LEVELS, CostModel, training_table
 from costmodel.profile import DeviceProfile
 from costmodel.runtime import Runtime
 
-console = Console(width=140)
+console = make_console(width=140)
 
 
 def _fmt(value: Any, spec: str) -> str:

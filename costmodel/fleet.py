@@ -42,7 +42,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from rich.console import Console  # noqa: E402
+from costmodel.console import make_console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from costmodel.device import Fingerprint  # noqa: E402
@@ -51,7 +51,7 @@ from costmodel.predictor import CostModel, StaleModelError  # noqa: E402
 from costmodel.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
 
 log = logging.getLogger(__name__)
-console = Console(width=160)
+console = make_console(width=160)
 LEVELS = ("L0", "L3")
 
 

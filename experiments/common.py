@@ -38,7 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
+from costmodel.console import make_console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
@@ -46,7 +46,7 @@ from costmodel.bench import make_progress  # noqa: E402
 from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.timing import TimingConfig, measure  # noqa: E402
 
-console = Console(width=160)
+console = make_console(width=160)
 
 
 def config_dict(cfg: Any) -> dict[str, Any]:

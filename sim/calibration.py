@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from rich.console import Console
+from costmodel.console import make_console
 
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.ceilings import ensure_ceilings
@@ -52,7 +52,7 @@ from costmodel.indices import realised_cv
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.moe_layer import MoEConfig, _activation_specs, _expert_projections
 
-console = Console()
+console = make_console()
 
 TaggedSpecs = list[tuple[str, KernelSpec]]
 
