@@ -398,17 +398,7 @@ def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str
         ax.plot(g[x], g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
     g0 = df[df["backend"] == df["backend"].iloc[0]]
     ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label=l0_label)
-    if symlog_x:
-        ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("layer latency [ms]")
-    ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="layer latency [ms]", title=title, symlog_x=symlog_x)
 
 
 def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,
@@ -421,11 +411,26 @@ def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: s
         ax.plot(g[x], g["pred_L2_s"] * 1e3, ":", color=f"C{i}", alpha=0.6, label=f"{backend}: L2 roofline")
     g0 = df[df["backend"] == df["backend"].iloc[0]]
     ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label="L0 = FLOPs / peak")
+    _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="predicted layer latency [ms]", title=title,
+                         symlog_x=symlog_x)
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """1-2-5 ticks as plain numbers on a log axis (no 6x10^1; minor labels off: they collide)."""
+    axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def _finish_latency_plot(fig: Any, ax: Any, path: Path, *, xlabel: str, ylabel: str, title: str,
+                         symlog_x: bool) -> None:
+    """The shared end of the latency-vs-knob plots: log latency with plain ticks, labels, save."""
     if symlog_x:
         ax.set_xscale("symlog", linthresh=1.0)
     ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("predicted layer latency [ms]")
+    ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=7)
     ax.set_title(title)
@@ -451,9 +456,7 @@ def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue:
         ax.set_xscale("log")
         ax.set_yscale("log")
         for axis in (ax.xaxis, ax.yaxis):  # 1-2-5 ticks as plain numbers: readable on narrow ranges
-            axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-            axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-            axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            _plain_log_ticks(axis)
         ax.set_xlim(lo * 1e3, hi * 1e3)
         ax.set_ylim(lo * 1e3, hi * 1e3)
         med = df[f"ape_{lv}_pct"].median()
