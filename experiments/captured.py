@@ -61,7 +61,7 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
         })
     timed = measure_interleaved([w.run for w in workloads], device=device, timing=timing, description=description,
                                 progress=progress)
-    df = add_errors(pd.concat([pd.DataFrame(rows), pd.DataFrame(timed)], axis=1))
+    df = add_errors(pd.concat([pd.DataFrame(rows), pd.DataFrame(timed).drop(columns="rounds")], axis=1))
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     coverage = []

@@ -15,7 +15,10 @@ ratio of reference kernels timed then vs profiled, which families were re-measur
 same rounds as its layers, against the profile; ``details.drift_scaled_ape_pct`` the
 errors each level would have had with its predictions multiplied by that factor (what
 is left when the machine's change since calibration is taken out; the headline errors
-are never adjusted).
+are never adjusted). ``details.paired`` (``calibration.paired``, ``sim.paired``): the
+layers' own kernels were timed in the same rounds as the layers and the models refitted
+before predicting; it says how many, how fast against the profile, and what the profile
+as loaded would have scored (``profile_as_loaded``). Paired runs time no drift references.
 
 With ``measure=false`` (predict only) the schema is the same: ``n_points`` counts the
 predicted rows, every error, ``spearman`` and ``noise_cv_pct`` are null, and
@@ -141,8 +144,18 @@ def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
     from costmodel.freshness import DEFAULT_TOLERANCE, check_policy, check_tolerance
 
     section = cfg.get("calibration") or {}
+    paired_enabled(cfg)
     return {"refresh": check_policy(section.get("refresh", "auto")),
             "tolerance": check_tolerance(section.get("tolerance", DEFAULT_TOLERANCE))}
+
+
+def paired_enabled(cfg: Mapping[str, Any]) -> bool:
+    """``calibration.paired`` (default true): time the experiment's own kernels in the same
+    rounds as its layers and refit before predicting (``sim.paired``); validated here."""
+    value = (cfg.get("calibration") or {}).get("paired", True)
+    if not isinstance(value, bool):
+        raise ValueError(f"calibration.paired must be true or false, got {value!r}")
+    return value
 
 
 #: arguments a generator gets from the experiment, never from its config section
@@ -207,16 +220,18 @@ def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, 
 
 
 def measure_interleaved(
-    jobs: Sequence[Callable[[], Any]], *, device: torch.device, timing: TimingConfig, description: str,
+    jobs: Sequence[Callable[[], Any] | Any], *, device: torch.device, timing: TimingConfig, description: str,
     progress: bool = True, evict: Sequence[bool] | None = None,
-) -> list[dict[str, float]]:
+) -> list[dict[str, Any]]:
     """Time every job in ``timing.rounds`` round-robin passes (each with 1/rounds of the
     time budget, no retries: the rounds are the retries), so slow drift of a shared
     machine spreads over all jobs instead of biasing the ones measured during a busy spell.
 
     Per job: median of the round medians, IQR over all timed blocks, the CV of the round
-    medians (run-to-run noise) and whether any round was flagged noisy. ``evict`` says per
-    job whether each timed call starts from evicted caches (default: ``timing.cold_cache``).
+    medians (run-to-run noise), whether any round was flagged noisy, and ``rounds`` (the
+    Measurement of each round). ``evict`` says per job whether each timed call starts from
+    evicted caches (default: ``timing.cold_cache``). A job with a ``build()`` method (a
+    ``sim.paired.KernelJob``) is built just before each of its timings and dropped after.
     """
     rounds = timing.rounds
     evict = [timing.cold_cache] * len(jobs) if evict is None else list(evict)
@@ -230,7 +245,9 @@ def measure_interleaved(
         for r in range(rounds):
             for i, job in enumerate(jobs):
                 bar.update(task, current=f"round {r + 1}/{rounds}")
-                per_job[i].append(measure(job, device=device, config=per_round, evict_cpu_cache=evict[i]))
+                fn = job.build() if hasattr(job, "build") else job
+                per_job[i].append(measure(fn, device=device, config=per_round, evict_cpu_cache=evict[i]))
+                del fn
                 bar.advance(task)
     out = []
     for ms in per_job:
@@ -242,6 +259,7 @@ def measure_interleaved(
             "measured_iqr_s": float(q3 - q1),
             "round_cv": float(medians.std(ddof=1) / medians.mean()) if len(medians) > 1 else float(ms[0].cv),
             "noisy": bool(any(m.noisy for m in ms)),
+            "rounds": ms,
         })
     return out
 
@@ -276,6 +294,8 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         out["details"]["profile_drift"] = df.attrs["profile_drift"]
     if df.attrs.get("freshness") and "freshness" not in out["details"]:  # the check before the run
         out["details"]["freshness"] = df.attrs["freshness"]
+    if df.attrs.get("paired") and "paired" not in out["details"]:  # kernels timed beside the layers
+        out["details"]["paired"] = df.attrs["paired"]
     drift = out["details"].get("profile_drift") or {}
     if drift:
         factor = drift["now_over_profile_median"]
@@ -369,6 +389,15 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     elif fresh.get("family_ratio"):
         console.print(f"profile fresh before this run: every family within ±{100 * fresh['tolerance']:.0f}% "
                       f"({fresh['checked_kernels']} reference kernels)")
+    paired = summ["details"].get("paired") or {}
+    if paired:
+        loaded = paired["profile_as_loaded"]
+        drift = ("" if paired.get("now_over_profile_median") is None else
+                 f"; they ran at {paired['now_over_profile_median']:.2f}x their profiled time")
+        console.print(f"paired calibration: the layers' {paired['kernels']} kernels were timed in the same rounds as the "
+                      f"layers and the models refitted{drift}. The profile as loaded would have given L3 median "
+                      f"{loaded['median_ape_pct']['L3']:.1f}%, max {loaded['max_ape_pct']['L3']:.1f}% "
+                      "(details.paired.profile_as_loaded; calibration.paired=false predicts from it)")
     drift = summ["details"].get("profile_drift") or {}
     if drift:
         console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "

@@ -28,7 +28,7 @@ from experiments.common import (  # noqa: E402
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured, predict_only_summary,
     print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
@@ -134,9 +134,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
-                            references=drift_references(rt, suite), description="measure gnn layers",
+    pairing = pairing_for(cfg, rt, "gnn")
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing,
+                            references=drift_references(rt, suite), description="measure gnn layers (and their kernels)",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    model = pairing.model if pairing is not None else model
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["point"]) % len(graphs)

@@ -291,7 +291,7 @@ def measure_sample(sample_rows: pd.DataFrame, routings: Mapping[tuple, Any], rt:
             timed = measure_interleaved([lambda layer=layer, x=x, r=routing: layer(x, r) for layer in layers], device=rt.device,
                                         timing=rt.timing, description=f"point {p}", progress=False)
             for (idx, _), t in zip(g.iterrows(), timed):
-                out.append({"row": idx, **t})
+                out.append({"row": idx, **{k: v for k, v in t.items() if k != "rounds"}})
             del layers, x
             bar.advance(task)
     return pd.DataFrame(out).set_index("row")

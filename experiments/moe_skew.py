@@ -30,7 +30,7 @@ from experiments.common import (  # noqa: E402
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured, predict_only_summary,
     print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
@@ -120,9 +120,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
-                            references=drift_references(rt, suite), description="measure moe layers",
+    pairing = pairing_for(cfg, rt, "moe")
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing,
+                            references=drift_references(rt, suite), description="measure moe layers (and their kernels)",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    model = pairing.model if pairing is not None else model
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["point"]) % len(generators)

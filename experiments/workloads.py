@@ -9,16 +9,18 @@ every level.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, measure_interleaved, print_table
+from experiments.common import add_errors, console, measure_interleaved, paired_enabled, print_table
 from sim.calibration import DriftReference, drift_summary
 from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 
@@ -48,31 +50,82 @@ def predict_workloads(model: CostModel, workloads: Sequence[Workload]) -> pd.Dat
     return pd.DataFrame(rows)
 
 
+@dataclass
+class Pairing:
+    """``calibration.paired``: time the workloads' distinct kernels in the same rounds as the
+    workloads, write them into ``profile`` and refit before predicting (``sim.paired``).
+    After ``evaluate_workloads``, ``model`` is the refitted model (use it for what follows)
+    and ``result`` what was written."""
+
+    profile: Any  # costmodel.profile.DeviceProfile
+    suite: str
+    cv_folds: int = 4
+    model: CostModel | None = None
+    result: Any = None  # sim.paired.PairedResult
+
+
+def pairing_for(cfg: Any, rt: Any, suite: str) -> Pairing | None:
+    """The ``Pairing`` of a measuring experiment when ``calibration.paired`` (the default)."""
+    return Pairing(rt.open_profile(), suite) if paired_enabled(cfg) else None
+
+
 def evaluate_workloads(
     model: CostModel, workloads: Sequence[Workload], *, device: torch.device, timing: TimingConfig,
     description: str, progress: bool = True, peak_flops_per_s: float | None = None,
-    references: Sequence[DriftReference] = (),
+    references: Sequence[DriftReference] = (), pairing: Pairing | None = None,
 ) -> pd.DataFrame:
     """Predicted (every level) and measured latency of every workload, with errors.
 
     ``references`` (profiled kernels, ``drift_references``) are timed in the same rounds as
     the workloads, as the profile timed them (no layer-style cache eviction); how fast they
     ran against the profile is ``df.attrs["profile_drift"]`` ({} without references).
+
+    With ``pairing`` every distinct kernel of the workloads' traces is timed in those rounds
+    instead (``sim.paired``): the profile's rows of them are replaced, the models refitted
+    and the workloads predicted from the refitted models; the predictions of the model as
+    loaded and how far the machine had drifted from the profile are in
+    ``df.attrs["paired"]``.
     """
+    from sim.paired import kernel_jobs, record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
+
     predicted = predict_workloads(model, workloads)
-    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in references], device=device,
+    refs = [] if pairing is not None else list(references)
+    jobs = kernel_jobs([w.trace for w in workloads], device, cold=timing.cold_cache) if pairing is not None else []
+    n = len(workloads)
+    start = time.perf_counter()
+    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + jobs, device=device,
                                 timing=timing, description=description, progress=progress,
-                                evict=[timing.cold_cache] * len(workloads) + [False] * len(references))
-    measured = pd.DataFrame(timed[:len(workloads)])
+                                evict=[timing.cold_cache] * n + [False] * (len(refs) + len(jobs)))
+    wall_s = time.perf_counter() - start
+    measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
     df = add_errors(pd.concat([predicted, measured], axis=1))
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
-    df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[len(workloads):]], references)
+    df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
+    if pairing is not None:
+        kernel_timed = sum(sum(m.times_s) * m.number_per_run for t in timed[n:] for m in t["rounds"])
+        result = record_paired(pairing.profile, jobs, [t["rounds"] for t in timed[n:]], suite=pairing.suite)
+        result.wall_s = kernel_timed
+        pairing.model = refit(pairing.profile, cv_folds=pairing.cv_folds, freshness=model.freshness)
+        pairing.result = result
+        as_loaded = df.copy()
+        df = add_errors(pd.concat([predict_workloads(pairing.model, workloads), measured], axis=1))
+        df.attrs.update(as_loaded.attrs)
+        df.attrs["paired"] = {**result.to_dict(), "measure_wall_s": wall_s,
+                              "profile_as_loaded": ape_summary(as_loaded)}
+        model = pairing.model
+        console.print(result.describe(pairing.suite))
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
     if peak_flops_per_s:
         df["mfu"] = df["flops"] / df["measured_s"] / peak_flops_per_s
     return df
+
+
+def ape_summary(df: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Median and max APE per level of an evaluated table."""
+    return {stat: {lv: float(fn(df[f"ape_{lv}_pct"])) for lv in LEVELS}
+            for stat, fn in (("median_ape_pct", np.median), ("max_ape_pct", np.max))}
 
 
 def per_kernel_table(model: CostModel, workloads: Sequence[Workload], *, device: torch.device,

@@ -81,6 +81,11 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
         assert set(summary["details"]["experiments_found"]) >= {"moe_skew", "gnn_degree", "mlp_batch"}
     if name == "placement":
         _check_placement_outputs(written, out)
+    if name in ("moe_skew", "gnn_degree"):  # calibration.paired (default): the layers' kernels timed beside them
+        paired = written["details"]["paired"]
+        assert paired["kernels"] > 0 and paired["rows"] == paired["kernels"]  # timing.rounds=1: one row each
+        assert set(paired["profile_as_loaded"]) == {"median_ape_pct", "max_ape_pct"}
+        assert "profile_drift" not in written["details"]  # no separate references in a paired run
     if name == "moe_design":  # the measured sample scores the decisions
         decisions = written["details"]["decisions"]
         assert set(decisions) >= {"sampled", "separable", "agree_pct", "mean_loss_pct"}

@@ -1,0 +1,141 @@
+"""Kernels timed beside the layers they compose: a check of the simulator that the machine's
+drift cannot spoil (``calibration.paired``, on by default in measuring experiments).
+
+A shared machine changes speed over minutes. On the development VM (2 vCPUs) the same
+kernels ran 0.75x-1.14x their profiled time from one run to the next, per family, and
+within one run the layers' round-to-round CV reached 15-25% in busy spells
+(results/cpu_epyc/moe1..3, gnn1..3). A layer timed now and checked against kernels
+profiled an hour ago mixes the cost model's error with that drift, and no tolerance of a
+freshness check can separate them: drift below the tolerance still moves the headline.
+
+So every distinct kernel of an experiment's traces is timed in the *same* interleaved
+rounds as its layers (``experiments.common.measure_interleaved``), exactly as the profile
+times kernels (``costmodel.runners.make_runner``, the suite's cold-operand rotation, the
+per-round budget). The rows replace the profile's rows of those kernels, as a refresh does
+(recorded in provenance with the ratio now/before per family, so older rows of those
+families are scaled in later fits, ``costmodel.freshness.refresh_scale``); the models are
+refitted, and the layers are predicted from them. The predictions are the cost model's, not
+the kernel timings summed: L0-L2 use the ceilings, L3 the refitted regression. What the
+profile as loaded predicted is kept beside (``details.paired.profile_as_loaded``), so the
+drift's share of the error stays visible. The method is the A/B interleaving of
+benchmarking practice (e.g. Georges et al., "Statistically rigorous Java performance
+evaluation", OOPSLA 2007: measure alternatives in the same run, randomised over time).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.bench import measurement_row
+from costmodel.freshness import REFRESH_COMMAND, TIME_FORMAT
+from costmodel.kernels import KernelSpec
+from costmodel.predictor import CostModel
+from costmodel.profile import DeviceProfile
+from costmodel.runners import make_runner
+from costmodel.timing import Measurement
+
+TAG = "paired"
+
+
+@dataclass(frozen=True)
+class KernelJob:
+    """A kernel to time beside the layers: its runner is built just before each round's
+    timing and dropped after it (``measure_interleaved`` calls ``build``), so the inputs of
+    hundreds of kernels are never alive at once."""
+
+    spec: KernelSpec
+    device: torch.device
+    cold: bool
+
+    def build(self) -> Callable[[], Any]:
+        return make_runner(self.spec, self.device, cold=self.cold)
+
+
+def distinct_kernels(traces: Iterable[Sequence[KernelSpec]]) -> list[KernelSpec]:
+    """Every distinct descriptor of ``traces``, in first-seen order."""
+    return list(dict.fromkeys(s for trace in traces for s in trace))
+
+
+def kernel_jobs(traces: Iterable[Sequence[KernelSpec]], device: torch.device, *, cold: bool) -> list[KernelJob]:
+    return [KernelJob(s, device, cold) for s in distinct_kernels(traces)]
+
+
+@dataclass
+class PairedResult:
+    """What ``record_paired`` wrote and how far the machine was from the profile."""
+
+    kernels: int
+    rows: int
+    family_ratio: dict[str, float]
+    family_kernels: dict[str, int]
+    ratio_median: float | None
+    ratio_iqr: float | None
+    at: str
+    wall_s: float = 0.0  # seconds spent inside the kernels' timed calls
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernels": self.kernels, "rows": self.rows, "at": self.at,
+                "now_over_profile_median": self.ratio_median, "now_over_profile_iqr": self.ratio_iqr,
+                "family_ratio": self.family_ratio, "family_kernels": self.family_kernels,
+                "kernel_timed_s": self.wall_s}
+
+    def describe(self, suite: str) -> str:
+        fams = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.family_ratio.items()))
+        drift = ("" if self.ratio_median is None else
+                 f"; they took {self.ratio_median:.2f}x their profiled time (median, IQR {self.ratio_iqr:.2f}; {fams})")
+        return (f"paired calibration: {self.kernels} kernels of {suite} timed in the same rounds as the layers "
+                f"({self.wall_s:.0f} s timed){drift}; their rows replace the profile's and the models are refitted")
+
+
+def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Sequence[Sequence[Measurement]], *,
+                  suite: str, lock_note: Any = None) -> PairedResult:
+    """Write every kernel's per-round measurement into ``profile`` (replacing its rows of
+    those rounds), with a provenance record of the refresh: per family, the median of
+    now/before over the kernels the profile already had (1.0 for a family it had none of)."""
+    if len(jobs) != len(rounds):
+        raise ValueError(f"{len(jobs)} kernels but {len(rounds)} measurement lists")
+    before = profile.kernels()
+    profiled = dict(zip(before["key"], before["median_s"])) if len(before) else {}
+    # the refresh's time stamps the new rows too: a row is scaled by a refresh only when it
+    # was measured before it (``refresh_scale``), and these are the refresh
+    at = time.strftime(TIME_FORMAT)
+    rows, ratios = [], []
+    for job, ms in zip(jobs, rounds):
+        rows += [{**measurement_row(job.spec, TAG, m.summary(), suite, r), "measured_at": at} for r, m in enumerate(ms)]
+        old = profiled.get(job.spec.key())
+        if old and old > 0:
+            ratios.append((job.spec.family, float(np.median([m.median_s for m in ms])) / float(old)))
+    table = pd.DataFrame(ratios, columns=["family", "ratio"])
+    family_ratio = {f: float(g.median()) for f, g in table.groupby("family")["ratio"]} if len(table) else {}
+    family_kernels = {f: int(n) for f, n in table.groupby("family").size().items()} if len(table) else {}
+    families = sorted({j.spec.family for j in jobs})
+    # recorded before the rows, as a freshness refresh is: rows of these families measured
+    # before ``at`` are scaled by the family's ratio in later fits; the new rows are not
+    profile.add_provenance({
+        "command": REFRESH_COMMAND, "host": socket.gethostname(),
+        "reason": f"paired calibration: {suite}'s kernels timed in the same rounds as its layers",
+        "refresh": {"at": at, "policy": "paired", "tolerance": None,
+                    "family_scale": {f: family_ratio.get(f, 1.0) for f in families},
+                    "family_kernels": {f: family_kernels.get(f, 0) for f in families}},
+        "measure_lock": lock_note,
+    })
+    written = profile.append_measurements(rows, replace=True)
+    q1, med, q3 = np.percentile(table["ratio"], [25, 50, 75]) if len(table) else (None, None, None)
+    return PairedResult(kernels=len(jobs), rows=written, family_ratio=family_ratio, family_kernels=family_kernels,
+                        ratio_median=None if med is None else float(med),
+                        ratio_iqr=None if med is None else float(q3 - q1), at=at)
+
+
+def refit(profile: DeviceProfile, *, cv_folds: int = 4, freshness: dict[str, Any] | None = None) -> CostModel:
+    """The cost models fitted again on the profile with the paired rows, saved beside it."""
+    model = CostModel.fit_profile(profile, cv_folds=cv_folds)
+    model.save(profile)
+    model.freshness = dict(freshness or {})
+    return model

@@ -1,0 +1,109 @@
+"""Paired calibration: the layers' kernels timed in their rounds replace the profile's rows,
+are never scaled by their own refresh, and move the other rows of their family."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from costmodel.bench import SizeLimits, measure_specs
+from costmodel.kernels import GemmSpec, SortSpec
+from costmodel.runtime import Runtime
+from costmodel.timing import Measurement, TimingConfig
+from experiments.common import calibration_options, paired_enabled
+from experiments.workloads import Pairing, Workload, evaluate_workloads
+from sim.calibration import calibrated_model
+from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, record_paired
+
+TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2)
+SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
+
+
+@pytest.fixture
+def rt(tmp_path):
+    return Runtime.from_cfg({
+        "device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
+        "profile": {"root": str(tmp_path)},
+        "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": 2, "max_rel_iqr": 0.5},
+        "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
+
+
+def _fake(seconds: float) -> Measurement:
+    return Measurement(times_s=(seconds,) * 3, number_per_run=1, attempts=1, noisy=False, device="cpu", threads=1)
+
+
+def test_distinct_kernels_keep_first_seen_order():
+    a, b, c = GemmSpec(1, 2, 3), SortSpec(8), GemmSpec(4, 5, 6)
+    assert distinct_kernels([[a, b, a], [c, b]]) == [a, b, c]
+    jobs = kernel_jobs([[a, b], [a]], torch.device("cpu"), cold=False)
+    assert [j.spec for j in jobs] == [a, b]
+    assert callable(jobs[0].build())
+
+
+def test_paired_rows_replace_the_profile_and_are_not_scaled_by_their_own_refresh(rt):
+    profile = rt.open_profile()
+    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    file = profile.path / "measurements.csv"
+    pd.read_csv(file).assign(measured_at="2000-01-01T00:00:00").to_csv(file, index=False)  # profiled long ago
+    before = profile.kernels().set_index("key")["median_s"]
+    paired = [GemmSpec(1, 32, 32), GemmSpec(2, 32, 32)]  # two of the six GEMMs, now 2x and 4x their profiled time
+    jobs = [KernelJob(s, rt.device, False) for s in paired]
+    rounds = [[_fake(2 * before[s.key()])] * 2 for s in paired[:1]] + [[_fake(4 * before[s.key()])] * 2 for s in paired[1:]]
+    result = record_paired(profile, jobs, rounds, suite="t")
+    assert result.kernels == 2 and result.rows == 4
+    assert result.family_ratio == {"gemm": pytest.approx(3.0)}  # median of 2x and 4x
+    entry = [e for e in profile.provenance() if e["command"] == "freshness refresh"][-1]
+    assert entry["refresh"]["policy"] == "paired" and entry["refresh"]["family_scale"] == {"gemm": pytest.approx(3.0)}
+    after = profile.kernels().set_index("key")
+    # the paired kernels are exactly what was timed beside the layers (not scaled again)
+    assert after.loc[paired[0].key(), "median_s"] == pytest.approx(2 * before[paired[0].key()])
+    assert after.loc[paired[1].key(), "median_s"] == pytest.approx(4 * before[paired[1].key()])
+    # the other GEMMs follow the family's drift; sort (not paired) is untouched
+    other_gemm = GemmSpec(32, 32, 32).key()
+    assert after.loc[other_gemm, "median_s"] == pytest.approx(3 * before[other_gemm])
+    sort_key = SortSpec(2048).key()
+    assert after.loc[sort_key, "median_s"] == pytest.approx(before[sort_key])
+    rows = pd.read_csv(profile.path / "measurements.csv")
+    assert (rows[rows["key"] == paired[0].key()]["tag"] == TAG).all()
+    assert len(rows) == len(SUITE) * TIMING.rounds  # replaced, not appended
+
+
+def test_record_paired_refuses_mismatched_lengths(rt):
+    with pytest.raises(ValueError, match="2 kernels but 1 measurement"):
+        record_paired(rt.open_profile(), [KernelJob(GemmSpec(1, 2, 3), rt.device, False)] * 2, [[_fake(1.0)]], suite="t")
+
+
+def test_evaluate_workloads_with_pairing_refits_and_keeps_the_profile_as_loaded(rt):
+    model = calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")
+    trace = [GemmSpec(8, 32, 32), SortSpec(2048), GemmSpec(8, 32, 32)]
+    a, b = torch.randn(8, 32), torch.randn(32, 32)
+    keys = torch.randint(0, 100, (2048,))
+
+    def run() -> None:
+        a @ b
+        torch.sort(keys)
+        a @ b
+
+    pairing = Pairing(rt.open_profile(), "t")
+    df = evaluate_workloads(model, [Workload("w", trace, run)], device=rt.device, timing=TIMING,
+                            description="t", progress=False, pairing=pairing)
+    assert pairing.model is not None and pairing.model.profile_hash == rt.open_profile().content_hash()
+    assert pairing.result.kernels == 2  # distinct kernels of the trace
+    paired = df.attrs["paired"]
+    assert set(paired["profile_as_loaded"]) == {"median_ape_pct", "max_ape_pct"}
+    assert df.attrs["profile_drift"] == {}  # paired runs time no separate references
+    assert "rounds" not in df.columns
+    rows = pd.read_csv(rt.open_profile().path / "measurements.csv")
+    assert set(rows[rows["tag"] == TAG]["key"]) == {s.key() for s in trace}
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_bad_paired_value_names_the_key(bad):
+    with pytest.raises(ValueError, match="calibration.paired must be true or false"):
+        calibration_options({"calibration": {"paired": bad}})
+
+
+def test_paired_is_on_by_default():
+    assert paired_enabled({}) is True and paired_enabled({"calibration": {"paired": False}}) is False
