@@ -52,7 +52,7 @@ from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep, measure_interleaved, output_dir, predict_only_summary, print_summary,
     print_table, summary, write_outputs,
 )
-from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
+from sim.calibration import calibrated_model, fitted_model, grid_sample_suite, moe_suite  # noqa: E402
 from sim.moe_layer import MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
 from sim.simulator import TraceBatch, predict_traces  # noqa: E402
@@ -66,6 +66,8 @@ L0_TIE_REL = 1e-3
 #: this experiment can predict without measuring (``measure=false``)
 MEASURES = "optional"
 GRID_AXES = ("tokens", "d_model", "num_experts", "top_k")
+#: grid kernels predicted slower than this are not calibrated on (each is timed ~9 times)
+GRID_KERNEL_MAX_S = 0.05
 
 
 # ----------------------------------------------------------------------------- validation
@@ -116,7 +118,10 @@ def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if not (isinstance(s["noise_pct"], (int, float)) and 0 <= s["noise_pct"] < 100):
         raise ValueError(f"sample.noise_pct must be in [0, 100), got {s['noise_pct']!r}")
     anchor = dict(d["anchor"])
-    return {**axes, "ffn_mult": mult, "backends": backends, "capacity_factor": capacity, "routings": routings,
+    calibrate = d.get("calibrate_kernels", 0)
+    if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 0:
+        raise ValueError(f"design.calibrate_kernels must be an integer >= 0 (0 = none), got {calibrate!r}")
+    return {**axes, "calibrate_kernels": calibrate, "ffn_mult": mult, "backends": backends, "capacity_factor": capacity, "routings": routings,
             "regions": regions, "expert": str(d["expert"]), "anchor": anchor}
 
 
@@ -331,11 +336,15 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df, traces, routings = build_grid(spec, rt.dtype, rt.seed)
     built_s = time.perf_counter() - start
     batch = TraceBatch.from_traces(traces)
+    calibrated, calibrate_s = 0, time.perf_counter()
+    if measuring and spec["calibrate_kernels"]:
+        model, calibrated = _calibrate_on_grid(rt, model, batch, traces, spec, cfg, anchor_cfgs, progress)
+    calibrate_s = time.perf_counter() - calibrate_s
     del traces
     pred = predict_traces(model, batch)
     df = pd.concat([df, pred], axis=1)
     df["expert"] = spec["expert"]
-    predicted_s = time.perf_counter() - start
+    predicted_s = time.perf_counter() - start - calibrate_s
     msg = (f"predicted {len(df):,} configurations ({df['point'].nunique():,} design points x {len(spec['backends'])} backends; "
            f"{len(batch.table):,} distinct of {len(batch.flat):,} kernels) in {predicted_s:.1f} s "
            f"(traces {built_s:.1f} s)")
@@ -356,7 +365,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     details: dict[str, Any] = {
         "grid_configs": int(len(df)), "design_points": int(df["point"].nunique()),
         "distinct_kernels": int(len(batch.table)), "kernels": int(len(batch.flat)),
-        "predict_wall_s": round(predicted_s, 2),
+        "predict_wall_s": round(predicted_s, 2), "calibrated_grid_kernels": calibrated,
+        "calibrate_wall_s": round(calibrate_s, 1),
         "grid": {k: spec[k] for k in (*GRID_AXES, "ffn_mult", "backends", "expert", "capacity_factor")}
         | {"routings": [r[0] for r in spec["routings"]]},
         "fastest_share_L3_pct": {b: round(100 * float((points["fastest_L3"] == b).mean()), 2) for b in spec["backends"]},
@@ -410,6 +420,22 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     print_summary(summ)
     console.print(f"outputs in {out}")
     return summ
+
+
+def _calibrate_on_grid(rt: Runtime, model: CostModel, batch: TraceBatch, traces: Sequence[Sequence[Any]],
+                       spec: Mapping[str, Any], cfg: Mapping[str, Any], anchor_cfgs: Sequence[MoEConfig],
+                       progress: bool) -> tuple[CostModel, int]:
+    """measure=true: time ``design.calibrate_kernels`` of the grid's own distinct kernels,
+    spread over each family's predicted range (``sim.calibration.grid_sample_suite``), add
+    them to the profile and refit, so the sweep interpolates between measured kernels."""
+    specs = list(dict.fromkeys(s for t in traces for s in t))  # the order of batch.table's rows
+    predicted = model.predict_table(batch.table, ["L3"])["L3"].to_numpy()
+    suite = grid_sample_suite(specs, predicted, count=int(spec["calibrate_kernels"]),
+                              max_bytes=float(cfg["sample"]["max_weight_bytes"]), max_s=GRID_KERNEL_MAX_S)
+    console.print(f"calibrating on the grid: {len(suite)} of its {len(specs):,} distinct kernels (design.calibrate_kernels)")
+    model = calibrated_model(rt, moe_suite(anchor_cfgs) + suite, suite_name="moe_design", progress=progress,
+                             refresh="never")  # checked a moment ago, with the anchor's kernels
+    return model, len(suite)
 
 
 def _hydra_logging() -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import pandas as pd
 from costmodel.console import make_console
 
 from costmodel.bench import SizeLimits, measure_specs
@@ -343,3 +344,35 @@ def captured_suite(traces: Sequence[Any]) -> TaggedSpecs:
         for s in trace.kernels():
             seen.setdefault(s.key(), s)
     return [("calibration", s) for s in seen.values()]
+
+
+def grid_sample_suite(specs: Sequence[KernelSpec], predicted_s: Sequence[float], *, count: int,
+                      max_bytes: float, max_s: float) -> TaggedSpecs:
+    """Up to ``count`` of a design grid's distinct kernels, spread over each family's
+    predicted-latency range: what to measure so that a sweep's predictions interpolate
+    between measured kernels instead of extrapolating (``moe_design``,
+    ``design.calibrate_kernels``).
+
+    Kernels moving more than ``max_bytes`` or predicted above ``max_s`` are left out (too
+    slow to time in bulk). The count is split over families in proportion to the square
+    root of how many distinct kernels each has (small families still get a few; at least 3
+    each, as far as they have them), and within a family the kernels are taken at evenly
+    spaced ranks of predicted latency (a one-dimensional space-filling design).
+    """
+    if count <= 0 or not specs:
+        return []
+    frame = pd.DataFrame({"i": range(len(specs)), "family": [s.family for s in specs],
+                          "bytes": [s.bytes_moved() for s in specs], "pred": np.asarray(predicted_s, dtype=float)})
+    frame = frame[(frame["bytes"] <= max_bytes) & (frame["pred"] <= max_s)]
+    if frame.empty:
+        return []
+    sizes = frame.groupby("family").size()
+    weights = np.sqrt(sizes.to_numpy(dtype=float))
+    share = np.maximum(3, np.floor(count * weights / weights.sum())).astype(int)
+    chosen: list[int] = []
+    for (family, n), take in zip(sizes.items(), share):
+        g = frame[frame["family"] == family].sort_values("pred")
+        take = min(int(take), int(n))
+        ranks = np.unique(np.round(np.linspace(0, n - 1, take)).astype(int))
+        chosen += g["i"].to_numpy()[ranks].tolist()
+    return [("design", specs[i]) for i in sorted(chosen)]

@@ -126,3 +126,34 @@ def test_coverage_says_when_the_grid_leaves_the_profile(model):
     assert report["covered"] is False and report["in_range_pct"] == 50.0
     assert "log_m" in report["per_family"]["gemm"]["features_outside"]
     assert report["per_family"]["gemm"]["features_outside"]["log_m"]["queried"][1] == pytest.approx(np.log10(1 << 20), abs=1e-3)
+
+
+def test_grid_sample_spreads_over_each_family_and_respects_the_limits():
+    from costmodel.kernels import SortSpec
+    from sim.calibration import grid_sample_suite
+
+    gemms = [GemmSpec(m, 64, 64) for m in range(1, 101)]  # predicted time grows with m
+    sorts = [SortSpec(n) for n in (64, 128, 256, 512)]
+    specs = gemms + sorts
+    predicted = [1e-6 * m for m in range(1, 101)] + [1e-6, 2e-6, 3e-6, 1.0]  # the last sort is too slow
+    suite = grid_sample_suite(specs, predicted, count=20, max_bytes=float("inf"), max_s=0.5)
+    chosen = [s for _, s in suite]
+    assert all(tag == "design" for tag, _ in suite) and len(set(chosen)) == len(chosen)
+    picked_m = sorted(s.m for s in chosen if s.family == "gemm")
+    # sqrt weights: gemm gets floor(20 * 10 / (10 + sqrt(3))) = 17, spread from the fastest to the slowest
+    assert len(picked_m) == 17 and picked_m[0] == 1 and picked_m[-1] == 100
+    assert max(np.diff(picked_m)) <= 7
+    assert sorted(s.n for s in chosen if s.family == "sort") == [64, 128, 256]  # at least 3; the 1 s one left out
+    small = grid_sample_suite(specs, predicted, count=20, max_bytes=gemms[0].bytes_moved(), max_s=0.5)
+    assert {s.family for _, s in small} == {"gemm", "sort"} and all(s.bytes_moved() <= gemms[0].bytes_moved() for _, s in small)
+    assert grid_sample_suite(specs, predicted, count=0, max_bytes=1e9, max_s=1) == []
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True, "many"])
+def test_bad_calibrate_kernels_names_the_key(bad):
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[2] / "conf/experiment/moe_design.yaml"))
+    cfg["design"]["calibrate_kernels"] = bad
+    with pytest.raises(ValueError, match="design.calibrate_kernels must be an integer >= 0"):
+        moe_design.check_design(cfg)
