@@ -195,8 +195,9 @@ def region_table(points: pd.DataFrame, rows: str, cols: str) -> pd.DataFrame:
     return points.groupby([rows, cols], sort=False).apply(one, include_groups=False).reset_index()
 
 
-def coverage_summary(model: CostModel, table: pd.DataFrame, profile_rows: int) -> dict[str, Any]:
-    """Whether the fitted profile covers the grid's kernels (L3's fitted feature ranges)."""
+def coverage_summary(model: CostModel, table: pd.DataFrame, profile_rows: int, calibrated: int = 0) -> dict[str, Any]:
+    """Whether the fitted profile covers the grid's kernels (L3's fitted feature ranges);
+    ``calibrated``: how many of the grid's own kernels were measured before predicting."""
     per_family = model.levels["L3"].coverage(table)
     rows = sum(f["rows"] for f in per_family.values())
     inside = sum(f["rows"] * f["in_range_pct"] / 100 for f in per_family.values())
@@ -204,8 +205,9 @@ def coverage_summary(model: CostModel, table: pd.DataFrame, profile_rows: int) -
         "covered": all(f["in_range_pct"] >= 100 for f in per_family.values()),
         "distinct_kernels": rows, "in_range_pct": round(100 * inside / rows, 2) if rows else None,
         "profile_kernels": profile_rows,
-        "note": "the grid's shapes were not calibrated: outside the fitted ranges L3 extrapolates "
-                "(log-efficiency clipped to the range it was fitted on)",
+        "note": (f"{calibrated} of the grid's kernels were measured first (design.calibrate_kernels); " if calibrated
+                 else "the grid's shapes were not calibrated: ")
+                + "outside the fitted ranges L3 extrapolates (log-efficiency clipped to the range it was fitted on)",
         "per_family": per_family,
     }
 
@@ -360,7 +362,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         tables[f"{rows}_x_{cols}"] = table
         table.to_csv(out / f"decisions_{rows}_x_{cols}.csv", index=False)
         plot_decisions(table, rows, cols, spec["backends"], out / f"decisions_{rows}_x_{cols}.png")
-    coverage = coverage_summary(model, batch.table, int(model.meta.get("n_rows", 0)))
+    coverage = coverage_summary(model, batch.table, int(model.meta.get("n_rows", 0)), calibrated)
     first_rows, first_cols = spec["regions"][0]
     details: dict[str, Any] = {
         "grid_configs": int(len(df)), "design_points": int(df["point"].nunique()),
