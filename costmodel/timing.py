@@ -51,12 +51,18 @@ class TimingConfig:
     #: ``costmodel.runners.ARENA_BYTES``)
     cpu_evict_bytes: int = 128 * 1024 * 1024
     cpu_evict_max_calls: int = 40  # per-call timing with eviction: enough samples for a median
+    #: CPU layers timed with eviction: at least this many calls over all rounds (split like
+    #: ``min_runs``). The per-expert loop and grouped MoE layers on the EPYC VM vary 15-33%
+    #: call to call (relative IQR, results/cpu_epyc/moe_paired3), where padded bmm varies
+    #: 2-5%: three calls a round left their round medians 10-19% apart.
+    layer_min_calls: int = 15
 
     def per_round(self) -> "TimingConfig":
         """The budget of one of ``rounds`` passes: the time and the blocks split between
         them (at least 3 blocks a round, so each round has a median and an IQR)."""
         return replace(self, min_run_time_s=self.min_run_time_s / self.rounds,
-                       min_runs=max(3, -(-self.min_runs // self.rounds)))
+                       min_runs=max(3, -(-self.min_runs // self.rounds)),
+                       layer_min_calls=max(1, -(-self.layer_min_calls // self.rounds)))
 
     def __post_init__(self) -> None:
         if self.min_run_time_s <= 0:
@@ -67,6 +73,8 @@ class TimingConfig:
             raise ValueError(f"timing.max_rel_iqr must be in (0, 1), got {self.max_rel_iqr}")
         if self.rounds < 1:
             raise ValueError(f"timing.rounds must be >= 1, got {self.rounds}")
+        if self.layer_min_calls < 1:
+            raise ValueError(f"timing.layer_min_calls must be >= 1, got {self.layer_min_calls}")
         if self.retries < 0:
             raise ValueError(f"timing.retries must be >= 0, got {self.retries}")
 
@@ -171,7 +179,8 @@ def _time_cpu_evicting(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[f
     fn()  # warm-up: first-call costs stay out of the data
     times: list[float] = []
     timed = 0.0
-    while len(times) < cfg.min_runs or (timed < cfg.min_run_time_s and len(times) < cfg.cpu_evict_max_calls):
+    need = max(cfg.min_runs, min(cfg.layer_min_calls, cfg.cpu_evict_max_calls))
+    while len(times) < need or (timed < cfg.min_run_time_s and len(times) < cfg.cpu_evict_max_calls):
         evict_caches(torch.device("cpu"), cfg)
         start = time.perf_counter()
         fn()

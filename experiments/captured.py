@@ -11,6 +11,7 @@ measured time on ops of modelled families (``coverage_measured_pct``).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -19,7 +20,8 @@ import torch
 
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, measure_interleaved
+from experiments.common import add_errors, console, measure_interleaved
+from experiments.workloads import Pairing, ape_summary
 from sim.api import predict_captured
 from sim.capture import CapturedTrace
 from sim.simulator import measured_coverage, profile_aten_ops
@@ -42,9 +44,49 @@ def missing_extra_error(package: str, extra: str, experiment: str) -> ImportErro
 
 def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *, device: torch.device,
                       timing: TimingConfig, description: str, progress: bool = True,
-                      coverage_iterations: int = 3) -> pd.DataFrame:
+                      coverage_iterations: int = 3, pairing: Pairing | None = None) -> pd.DataFrame:
     """One row per workload: predictions per level, coverage (predicted and measured),
-    measured latency and APE per level, capture cost over one measured call."""
+    measured latency and APE per level, capture cost over one measured call.
+
+    With ``pairing`` (``calibration.paired``) the traces' distinct mapped kernels are timed
+    in the same rounds as the calls and the models refitted before predicting, as in
+    ``experiments.workloads.evaluate_workloads``; ``df.attrs["paired"]`` says what the
+    profile as loaded would have scored."""
+    from sim.paired import kernel_jobs, record_paired, refit  # noqa: PLC0415
+
+    jobs = kernel_jobs([w.captured.kernels() for w in workloads], device, cold=timing.cold_cache) if pairing else []
+    n = len(workloads)
+    start = time.perf_counter()
+    timed = measure_interleaved([w.run for w in workloads] + jobs, device=device, timing=timing,
+                                description=description, progress=progress,
+                                evict=[timing.cold_cache] * n + [False] * len(jobs))
+    wall_s = time.perf_counter() - start
+    measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
+    df = add_errors(pd.concat([_predicted_rows(model, workloads), measured], axis=1))
+    df.attrs["rounds"] = timing.rounds
+    df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
+    if pairing is not None:
+        result = record_paired(pairing.profile, jobs, [t["rounds"] for t in timed[n:]], suite=pairing.suite)
+        result.wall_s = sum(sum(m.times_s) * m.number_per_run for t in timed[n:] for m in t["rounds"])
+        pairing.model, pairing.result = refit(pairing.profile, cv_folds=pairing.cv_folds, freshness=model.freshness), result
+        as_loaded = ape_summary(df)
+        attrs = dict(df.attrs)
+        df = add_errors(pd.concat([_predicted_rows(pairing.model, workloads), measured], axis=1))
+        df.attrs.update(attrs)
+        df.attrs["paired"] = {**result.to_dict(), "measure_wall_s": wall_s, "profile_as_loaded": as_loaded}
+        console.print(result.describe(pairing.suite))
+    coverage = []
+    for w in workloads:
+        share, _ = measured_coverage(profile_aten_ops(w.run, device=device, iterations=coverage_iterations),
+                                     w.captured.kinds_by_profiler_name())
+        coverage.append(100 * share)
+    df["coverage_measured_pct"] = coverage
+    df["capture_over_call"] = df["capture_s"] / df["measured_s"]
+    df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
+    return df
+
+
+def _predicted_rows(model: CostModel, workloads: Sequence[CapturedWorkload]) -> pd.DataFrame:
     rows = []
     for w in workloads:
         pred = predict_captured(w.captured, model)
@@ -59,20 +101,7 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
             "pred_backward_L3_s": pred.phase_s.get("backward", {}).get("L3", 0.0),
             "coverage_pred_pct": 100 * pred.coverage["L3"], "capture_s": w.captured.capture_s,
         })
-    timed = measure_interleaved([w.run for w in workloads], device=device, timing=timing, description=description,
-                                progress=progress)
-    df = add_errors(pd.concat([pd.DataFrame(rows), pd.DataFrame(timed).drop(columns="rounds")], axis=1))
-    df.attrs["rounds"] = timing.rounds
-    df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
-    coverage = []
-    for w in workloads:
-        share, _ = measured_coverage(profile_aten_ops(w.run, device=device, iterations=coverage_iterations),
-                                     w.captured.kinds_by_profiler_name())
-        coverage.append(100 * share)
-    df["coverage_measured_pct"] = coverage
-    df["capture_over_call"] = df["capture_s"] / df["measured_s"]
-    df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
-    return df
+    return pd.DataFrame(rows)
 
 
 def coverage_details(df: pd.DataFrame) -> dict[str, Any]:

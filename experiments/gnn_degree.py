@@ -25,10 +25,10 @@ from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
-    output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured, predict_only_summary,
+    output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
     print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
@@ -170,22 +170,21 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],
                   details: dict[str, Any], out: Path) -> dict[str, Any]:
     """measure=false: the sweep's predictions, the common summary with null errors, one plot."""
-    df = predict_workloads(model, workloads)
-    df["predicted_winner"] = df.groupby("point")["pred_L3_s"].transform("min") == df["pred_L3_s"]
-    winners = df[df["predicted_winner"]][["value", "degree_cv", "backend"]]
-    details = {**details, "predicted_winner_per_point": winners.to_dict("records"),
-               "predictions": df[["value", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
-    summ = predict_only_summary("gnn_degree", model.fingerprint.describe(), df, details=details)
-    write_outputs(out, df, summ)
     param = cfg["graph"]["sweep"]["param"]
-    plot_predicted_by_backend(df, "degree_cv", out / "latency_vs_skew.png", symlog_x=True,
-                              xlabel=f"in-degree coefficient of variation ({param} swept)",
-                              title="GNN layer (predicted only): latency vs degree skew")
-    print_table(df, {"value": "", "backend": "", "degree_cv": ".2f", "pred_L0_s": "ms", "pred_L2_s": "ms",
-                     "pred_L3_s": "ms", "predicted_winner": ""},
-                title=f"GNN layer predicted latency vs {param} (ms; measure=false: nothing measured)")
-    console.print(f"outputs in {out}")
-    return summ
+
+    def winners(df: pd.DataFrame) -> dict[str, Any]:
+        df["predicted_winner"] = df.groupby("point")["pred_L3_s"].transform("min") == df["pred_L3_s"]
+        return {"predicted_winner_per_point": df[df["predicted_winner"]][["value", "degree_cv", "backend"]].to_dict("records")}
+
+    return predict_only(
+        "gnn_degree", model, workloads, details, out, extra=winners,
+        plot=lambda df: plot_predicted_by_backend(
+            df, "degree_cv", out / "latency_vs_skew.png", symlog_x=True,
+            xlabel=f"in-degree coefficient of variation ({param} swept)",
+            title="GNN layer (predicted only): latency vs degree skew"),
+        columns={"value": "", "backend": "", "degree_cv": ".2f", "pred_L0_s": "ms", "pred_L2_s": "ms",
+                 "pred_L3_s": "ms", "predicted_winner": ""},
+        title=f"GNN layer predicted latency vs {param} (ms; measure=false: nothing measured)")
 
 
 def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 from costmodel import ops  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
+from experiments.workloads import pairing_for  # noqa: E402
 from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
 )
@@ -202,9 +203,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="hf_moe",
                              progress=bool(cfg.get("progress", True)),
                              **calibration_options(cfg))
+    pairing = pairing_for(cfg, rt, "hf_moe")
     df = evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description="measure hf moe",
                            progress=bool(cfg.get("progress", True)),
-                           coverage_iterations=int(cfg["coverage"]["iterations"]))
+                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing)
+    model = pairing.model if pairing is not None else model
     blocks = df[df["kind"] == "block"]
     summ = summary("hf_moe", rt.fingerprint.describe(), df, details={
         **coverage_details(df),

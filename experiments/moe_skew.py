@@ -27,10 +27,10 @@ from costmodel.predictor import LEVELS  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
-    output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured, predict_only_summary,
+    output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
     print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_workloads, print_kernel_breakdown  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
@@ -154,20 +154,17 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],
                   details: dict[str, Any], out: Path) -> dict[str, Any]:
     """measure=false: the sweep's predictions, the common summary with null errors, one plot."""
-    df = predict_workloads(model, workloads)
-    details = {**details, "model_flops_constant": bool(df["model_flops"].nunique() == 1),
-               "predictions": df[["value", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
-    summ = predict_only_summary("moe_skew", model.fingerprint.describe(), df, details=details)
-    write_outputs(out, df, summ)
     param = cfg["routing"]["sweep"]["param"] or "point"
-    plot_predicted_by_backend(df, "value" if cfg["routing"]["sweep"]["param"] else "point", out / "latency_vs_concentration.png",
-                              xlabel=f"routing {param} (the swept concentration knob)",
-                              title="MoE layer (predicted only): latency vs routing concentration")
-    print_table(df, {"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "pred_L0_s": "ms",
-                     "pred_L2_s": "ms", "pred_L3_s": "ms"},
-                title=f"MoE layer predicted latency vs {param} (ms; measure=false: nothing measured)")
-    console.print(f"outputs in {out}")
-    return summ
+    return predict_only(
+        "moe_skew", model, workloads, details, out,
+        extra=lambda df: {"model_flops_constant": bool(df["model_flops"].nunique() == 1)},
+        plot=lambda df: plot_predicted_by_backend(
+            df, "value" if cfg["routing"]["sweep"]["param"] else "point", out / "latency_vs_concentration.png",
+            xlabel=f"routing {param} (the swept concentration knob)",
+            title="MoE layer (predicted only): latency vs routing concentration"),
+        columns={"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "pred_L0_s": "ms",
+                 "pred_L2_s": "ms", "pred_L3_s": "ms"},
+        title=f"MoE layer predicted latency vs {param} (ms; measure=false: nothing measured)")
 
 
 def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:

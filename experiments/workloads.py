@@ -147,3 +147,22 @@ def print_kernel_breakdown(per_kernel: pd.DataFrame, title: str) -> None:
     fam = pd.concat([summarise_kernels(t).assign(workload=w) for w, t in per_kernel.groupby("workload", sort=False)])
     print_table(fam, {"workload": "", "family": "", "kernels": "", "measured_s": "ms", "L3": "ms", "ape_L3_pct": ".1f",
                       "L0": "ms", "share_of_time": ".0%"}, title=title)
+
+
+def predict_only(name: str, model: CostModel, workloads: Sequence[Workload], details: dict[str, Any], out: Any, *,
+                 plot: Callable[[pd.DataFrame], None], columns: dict[str, str], title: str,
+                 extra: Callable[[pd.DataFrame], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The ``measure=false`` tail every sweep experiment shares: predict every workload,
+    write results.csv and the common summary (null errors; ``details.predictions``, plus
+    what ``extra(df)`` adds), draw ``plot(df)``, print the table."""
+    from experiments.common import predict_only_summary, write_outputs  # noqa: PLC0415
+
+    df = predict_workloads(model, workloads)
+    details = {**details, **(extra(df) if extra else {}),
+               "predictions": df[["value", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
+    summ = predict_only_summary(name, model.fingerprint.describe(), df, details=details)
+    write_outputs(out, df, summ)
+    plot(df)
+    print_table(df, columns, title=title)
+    console.print(f"outputs in {out}")
+    return summ

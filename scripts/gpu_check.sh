@@ -51,7 +51,7 @@ GPU_BENCH=(suite=quick bench.progress=false)
 if [ "$DRY_RUN" = "1" ]; then
   # the same path on the CPU: float32, tiny sizes and timing budgets
   COMMON=(device=cpu dtype=float32 "profile.root=$WORK/profiles"
-          timing.min_run_time_s=0.006 timing.min_runs=3 timing.rounds=1 timing.retries=0)
+          timing.min_run_time_s=0.006 timing.min_runs=3 timing.rounds=1 timing.retries=0 timing.layer_min_calls=3)
   BENCH=(suite=tiny bench.progress=false)
   declare -A SIZES=(
     [moe_skew]="moe.tokens=64 moe.d_model=32 moe.d_ff=32 moe.num_experts=4 moe.top_k=2 routing.sweep.values=[0.0,3.0] per_kernel.iterations=2"

@@ -65,21 +65,64 @@ class LayerPrediction:
 
 
 def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: str | Path = "profiles",
-                    threads: int | None = None, allocator: str = "steady", cold_cache: bool = True) -> CostModel:
+                    threads: int | None = None, allocator: str = "steady", cold_cache: bool = True, *,
+                    refresh: str = "never", tolerance: float = 0.1,
+                    kernels: Sequence[KernelSpec] | CapturedTrace | None = None) -> CostModel:
     """The fitted cost model of this process's device (refuses another device's).
 
     Every argument is checked before anything is set: ``dtype`` among the dtypes a
-    profile can be measured in, ``threads`` a positive integer or None.
+    profile can be measured in, ``threads`` a positive integer or None, ``refresh`` and
+    ``tolerance`` as ``calibration.refresh`` / ``calibration.tolerance``.
+
+    ``refresh="auto"`` checks the profile's freshness first, as every experiment does
+    (``costmodel.freshness``: a few profiled kernels per family timed now, seconds): the
+    kernels of families that drifted beyond ``tolerance`` are re-measured and the models
+    refitted, recorded in the profile's provenance; ``"always"`` re-measures them whatever the
+    check says. Which kernels: ``kernels`` (the descriptors you are about to predict, or a
+    ``CapturedTrace``; those the profile lacks are measured too), else every profiled kernel
+    of the drifted families (minutes on a full profile). The returned model's ``freshness``
+    says what happened. ``"never"`` (the default) only loads.
     """
+    from costmodel.freshness import check_policy, check_tolerance  # noqa: PLC0415
+
+    try:
+        policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
+    except ValueError as err:  # the API's own argument names, not the Hydra keys
+        raise ValueError(str(err).replace("calibration.", "")) from None
     dev = resolve_device(device)
     check_dtype(dtype, dev)
     check_threads(threads)
+    if isinstance(kernels, CapturedTrace):
+        kernels = kernels.kernels()
+    if kernels is not None and not all(isinstance(s, KernelSpec) for s in kernels):
+        raise ValueError("kernels must be kernel descriptors (costmodel.kernels) or a CapturedTrace")
     configure_allocator(allocator)
     if threads is not None:
         torch.set_num_threads(threads)
     fp = fingerprint(dev, dtype, cold_cache=cold_cache)
     profile = DeviceProfile.open(profile_root, fp, create=False)
-    return CostModel.load(profile, expected=fp)
+    if policy == "never":
+        return CostModel.load(profile, expected=fp)
+    from costmodel.kernels import from_record  # noqa: PLC0415
+    from costmodel.runtime import Runtime  # noqa: PLC0415
+    from sim.calibration import calibrated_model  # noqa: PLC0415
+
+    rt = Runtime.from_cfg({
+        "device": str(dev), "dtype": dtype, "threads": threads, "allocator": allocator, "seed": 0,
+        "profile": {"root": str(profile_root)}, "timing": {"cold_cache": cold_cache},
+        "limits": {dev.type: dict(API_SIZE_LIMITS[dev.type])},
+    })
+    if kernels is None:
+        specs = [from_record(rec) for rec in profile.kernels().to_dict("records")]
+    else:
+        specs = list(dict.fromkeys(kernels))
+    return calibrated_model(rt, [("api", s) for s in specs], suite_name="load_cost_model", progress=True,
+                            refresh=policy, tolerance=tolerance)
+
+
+#: the measuring limits of conf/base.yaml, for ``load_cost_model(refresh=...)`` outside Hydra
+API_SIZE_LIMITS = {"cpu": {"max_flops": 5.0e9, "max_bytes": 1.5e9, "max_call_s": 0.3},
+                   "cuda": {"max_flops": 5.0e13, "max_bytes": 4.0e10, "max_call_s": 0.3}}
 
 
 def load_stored_cost_model(profile_path: str | Path) -> CostModel:

@@ -55,6 +55,7 @@ def test_clean_measurement_is_not_retried():
         ({"max_rel_iqr": 1.5}, r"timing.max_rel_iqr must be in \(0, 1\)"),
         ({"retries": -1}, "timing.retries must be >= 0"),
         ({"rounds": 0}, "timing.rounds must be >= 1"),
+        ({"layer_min_calls": 0}, "timing.layer_min_calls must be >= 1"),
     ],
 )
 def test_bad_timing_config(kwargs, message):
@@ -69,6 +70,15 @@ def test_layer_timing_with_cache_eviction_times_single_calls():
     assert m.number_per_run == 1  # one call per sample: each starts after an eviction
     assert 4 <= len(m.times_s) <= 9 and len(calls) == len(m.times_s) + 1  # + the warm-up call
     assert all(t >= 0.002 for t in m.times_s)
+    # layer_min_calls (default 15) asks for more calls than cpu_evict_max_calls allows: capped at 9
+    assert len(m.times_s) == 9
+
+
+def test_layer_calls_are_split_over_rounds_and_honoured():
+    cfg = TimingConfig(min_run_time_s=1e-4, min_runs=3, retries=0, rounds=3, layer_min_calls=13, cpu_evict_bytes=1 << 16)
+    assert cfg.per_round().layer_min_calls == 5  # ceil(13 / 3)
+    m = measure(lambda: time.sleep(0.001), config=cfg.per_round(), evict_cpu_cache=True)  # past the time budget at once
+    assert len(m.times_s) == 5
 
 
 def test_evict_caches_writes_a_buffer_of_the_configured_size():

@@ -15,7 +15,7 @@ EXPERIMENTS = sorted(p.stem for p in Path(CONF, "experiment").glob("*.yaml"))
 SUMMARY_KEYS = {"experiment", "device", "n_points", "noise_cv_pct", "median_ape_pct", "p90_ape_pct", "max_ape_pct",
                 "spearman", "details"}
 
-TINY_TIMING = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=1", "timing.retries=0", "progress=false"]
+TINY_TIMING = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=1", "timing.retries=0", "timing.layer_min_calls=3", "progress=false"]
 TINY = {
     "moe_skew": ["moe.tokens=64", "moe.d_model=32", "moe.d_ff=32", "moe.num_experts=4", "moe.top_k=2",
                  "routing.sweep.values=[0.0,3.0]", "per_kernel.iterations=2"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -59,6 +60,9 @@ def test_routing_for_another_layer_shape_is_refused():
         (dict(dtype="float8"), r"dtype must be one of \['float64', 'float32', 'bfloat16', 'float16'\], got 'float8'"),
         (dict(dtype="float8", threads=1), r"dtype must be one of"),
         (dict(allocator="jemalloc"), r"allocator must be one of \['steady', 'system'\]"),
+        (dict(refresh="sometimes"), r"^refresh must be one of \['never', 'auto', 'always'\]"),
+        (dict(refresh="auto", tolerance=0), r"^tolerance must be a number in \(0, 10\)"),
+        (dict(refresh="auto", kernels=["gemm"]), r"kernels must be kernel descriptors"),
     ],
 )
 def test_load_cost_model_checks_every_argument_before_setting_anything(kwargs, message, tmp_path):
@@ -67,3 +71,35 @@ def test_load_cost_model_checks_every_argument_before_setting_anything(kwargs, m
         load_cost_model(profile_root=tmp_path, **kwargs)
     assert torch.get_num_threads() == threads  # nothing was set by a refused call
     assert not list(tmp_path.iterdir())
+
+
+def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path):
+    """refresh="auto": a profile made 3x slow is caught per family, the given kernels are
+    re-measured and the models refitted; refresh="never" (the default) only loads."""
+    from costmodel.kernels import GemmSpec, SortSpec
+    from costmodel.runtime import Runtime
+    from sim.calibration import calibrated_model
+
+    suite = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096)]
+    rt = Runtime.from_cfg({"device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
+                           "profile": {"root": str(tmp_path)},
+                           "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": 1, "max_rel_iqr": 0.5},
+                           "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
+    calibrated_model(rt, suite, suite_name="t", progress=False, refresh="never")
+    profile = rt.open_profile()
+    file = profile.path / "measurements.csv"
+    frame = pd.read_csv(file)
+    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):  # every statistic, or the rows fail validation
+        if col in frame:
+            frame[col] *= 3.0
+    frame.to_csv(file, index=False)
+    from costmodel.predictor import StaleModelError
+
+    with pytest.raises(StaleModelError, match="refit"):  # refresh="never" only loads, and says the models are stale
+        load_cost_model(device="cpu", profile_root=tmp_path)
+    kernels = [s for _, s in suite[:3]]
+    model = load_cost_model(device="cpu", profile_root=tmp_path, refresh="auto", tolerance=0.5, kernels=kernels)
+    fresh = model.freshness
+    assert fresh["refreshed"] and "gemm" in fresh["stale_families"] and fresh["family_ratio"]["gemm"] < 0.67
+    assert fresh["refreshed_kernels"] == 3  # the kernels asked for, not the whole profile
+    assert model.profile_hash == profile.content_hash()
