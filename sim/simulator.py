@@ -79,6 +79,7 @@ class TraceBatch:
     table: pd.DataFrame
     flat: np.ndarray
     lengths: np.ndarray
+    keys: tuple[str, ...] = ()  # each table row's descriptor key (L3 looks up measured kernels by it)
 
     @classmethod
     def from_traces(cls, traces: Sequence[Sequence[KernelSpec]]) -> "TraceBatch":
@@ -86,7 +87,7 @@ class TraceBatch:
         lengths = np.fromiter((len(t) for t in traces), dtype=np.int64, count=len(traces))
         flat = np.fromiter((unique.setdefault(s, len(unique)) for t in traces for s in t), dtype=np.int64,
                            count=int(lengths.sum()))
-        return cls(kernel_table(unique) if unique else pd.DataFrame(), flat, lengths)
+        return cls(kernel_table(unique) if unique else pd.DataFrame(), flat, lengths, tuple(s.key() for s in unique))
 
 
 def predict_traces(
@@ -112,7 +113,7 @@ def predict_traces(
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore", ExtrapolationWarning)
-        pred = model.predict_table(batch.table, levels)
+        pred = model.predict_table(batch.table, levels, keys=batch.keys or None)
     for lv in levels:
         per_kernel = pred[lv].to_numpy()[batch.flat] + cold_call_extra_s(model, lv)
         out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n)

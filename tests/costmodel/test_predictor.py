@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from costmodel.device import ProfileMismatchError, fingerprint
+from costmodel.features import kernel_table
 from costmodel.kernels import GemmSpec, GroupedGemmSpec, SortSpec
 from costmodel.predictor import MODEL_VERSION, CostModel, StaleModelError
 from costmodel.profile import DeviceProfile, ProfileError
@@ -108,3 +109,22 @@ def test_layer_predictions_add_the_cold_call_overhead_per_kernel(profile):
     assert np.allclose(in_layer["L0"], bare["L0"]) and np.allclose(in_layer["L1"], bare["L1"])
     warm = replace(model, fingerprint=replace(model.fingerprint, cache="warm"))
     assert np.allclose(predict_trace(warm, trace)["L3"], bare["L3"])
+
+
+def test_l3_of_a_measured_kernel_is_its_measurement_and_the_regression_elsewhere(profile):
+    _fill(profile, 30)
+    rows = profile.kernels().set_index("key")["median_s"]
+    model = CostModel.fit_profile(profile, cv_folds=3)
+    model.save(profile)
+    measured = [s for s in (GemmSpec(int(m), 64, 64) for m in range(1, 1025)) if s.key() in rows.index][:5]
+    unseen = GemmSpec(3, 64, 65)  # not in the profile
+    for m in (model, CostModel.load(profile, expected=profile.fingerprint)):  # fitted or loaded alike
+        pred = m.predict(measured + [unseen])
+        assert pred["L3"].iloc[:5].tolist() == pytest.approx([rows[s.key()] for s in measured])
+        regression = m.levels["L3"].predict(kernel_table([unseen]))[0]
+        assert pred["L3"].iloc[5] == pytest.approx(regression)
+    # a kernel table without keys is the regression everywhere (what held-out errors evaluate)
+    table = kernel_table(measured)
+    assert model.predict_table(table)["L3"].tolist() == pytest.approx(model.levels["L3"].predict(table).tolist())
+    with pytest.raises(ValueError, match="2 keys for 5 kernel-table rows"):
+        model.predict_table(table, keys=["a", "b"])
