@@ -68,8 +68,8 @@ class CostModel:
     meta: dict[str, Any] = field(default_factory=dict)
     #: what the freshness check of this run saw and did (``costmodel.freshness``); not persisted
     freshness: dict[str, Any] = field(default_factory=dict)
-    #: the profile's measured kernels (key -> median seconds, refresh-scaled), read from the
-    #: profile when fitted or loaded: L3 of a measured kernel is its measurement
+    #: the profile's measured kernels (key -> median seconds, refresh-scaled) as fitted, saved
+    #: with the models: L3 of a measured kernel is its measurement
     measured_s: dict[str, float] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ fitting
@@ -96,7 +96,7 @@ class CostModel:
             raise ProfileMismatchError("refusing to save models beside another device's profile")
         path = profile.path / MODELS_FILE
         buf = io.BytesIO()
-        joblib.dump({"levels": self.levels, "ceilings": dict(self.ceilings)}, buf)
+        joblib.dump({"levels": self.levels, "ceilings": dict(self.ceilings), "measured_s": dict(self.measured_s)}, buf)
         with profile.locked("saving fitted models"):  # the pair stays consistent under concurrent fits
             atomic_write_bytes(path, buf.getvalue())
             atomic_write_json(
@@ -130,9 +130,10 @@ class CostModel:
             raise StaleModelError(f"models in {profile.path} were fitted with kernel formulas v{version}; this code has "
                                   f"v{MODEL_VERSION}; refit")
         bundle = joblib.load(model_file)
-        kernels = profile.kernels()
-        measured = dict(zip(kernels["key"], kernels["median_s"].astype(float))) if len(kernels) else {}
-        return cls(fp, bundle["ceilings"], bundle["levels"], profile_hash, meta, measured_s=measured)
+        # saved beside the levels (the profile's kernels as fitted); models saved before
+        # measured_s existed have none, and L3 is then the regression everywhere
+        return cls(fp, bundle["ceilings"], bundle["levels"], profile_hash, meta,
+                   measured_s=dict(bundle.get("measured_s", {})))
 
     # ------------------------------------------------------------------ prediction
     def predict_table(self, table: pd.DataFrame, levels: Sequence[str] = LEVELS, *,

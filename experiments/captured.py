@@ -20,8 +20,8 @@ import torch
 
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, console, measure_interleaved
-from experiments.workloads import Pairing, ape_summary
+from experiments.common import add_errors, measure_interleaved
+from experiments.workloads import Pairing
 from sim.api import predict_captured
 from sim.capture import CapturedTrace
 from sim.simulator import measured_coverage, profile_aten_ops
@@ -52,7 +52,7 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     in the same rounds as the calls and the models refitted before predicting, as in
     ``experiments.workloads.evaluate_workloads``; ``df.attrs["paired"]`` says what the
     profile as loaded would have scored."""
-    from sim.paired import kernel_jobs, record_paired, refit  # noqa: PLC0415
+    from sim.paired import kernel_jobs  # noqa: PLC0415
 
     jobs = kernel_jobs([w.captured.kernels() for w in workloads], device, cold=timing.cold_cache) if pairing else []
     n = len(workloads)
@@ -66,15 +66,7 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     if pairing is not None:
-        result = record_paired(pairing.profile, jobs, [t["rounds"] for t in timed[n:]], suite=pairing.suite)
-        result.wall_s = sum(sum(m.times_s) * m.number_per_run for t in timed[n:] for m in t["rounds"])
-        pairing.model, pairing.result = refit(pairing.profile, cv_folds=pairing.cv_folds, freshness=model.freshness), result
-        as_loaded = ape_summary(df)
-        attrs = dict(df.attrs)
-        df = add_errors(pd.concat([_predicted_rows(pairing.model, workloads), measured], axis=1))
-        df.attrs.update(attrs)
-        df.attrs["paired"] = {**result.to_dict(), "measure_wall_s": wall_s, "profile_as_loaded": as_loaded}
-        console.print(result.describe(pairing.suite))
+        df = pairing.finish(df, model, jobs, timed[n:], lambda m: _predicted_rows(m, workloads), measured, wall_s)
     coverage = []
     for w in workloads:
         share, _ = measured_coverage(profile_aten_ops(w.run, device=device, iterations=coverage_iterations),

@@ -338,11 +338,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df, traces, routings = build_grid(spec, rt.dtype, rt.seed)
     built_s = time.perf_counter() - start
     batch = TraceBatch.from_traces(traces)
+    del traces
     calibrated, calibrate_s = 0, time.perf_counter()
     if measuring and spec["calibrate_kernels"]:
-        model, calibrated = _calibrate_on_grid(rt, model, batch, traces, spec, cfg, anchor_cfgs, progress)
+        model, calibrated = _calibrate_on_grid(rt, model, batch, spec, cfg, anchor_cfgs, progress)
     calibrate_s = time.perf_counter() - calibrate_s
-    del traces
     pred = predict_traces(model, batch)
     df = pd.concat([df, pred], axis=1)
     df["expert"] = spec["expert"]
@@ -424,13 +424,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     return summ
 
 
-def _calibrate_on_grid(rt: Runtime, model: CostModel, batch: TraceBatch, traces: Sequence[Sequence[Any]],
-                       spec: Mapping[str, Any], cfg: Mapping[str, Any], anchor_cfgs: Sequence[MoEConfig],
+def _calibrate_on_grid(rt: Runtime, model: CostModel, batch: TraceBatch, spec: Mapping[str, Any],
+                       cfg: Mapping[str, Any], anchor_cfgs: Sequence[MoEConfig],
                        progress: bool) -> tuple[CostModel, int]:
     """measure=true: time ``design.calibrate_kernels`` of the grid's own distinct kernels,
     spread over each family's predicted range (``sim.calibration.grid_sample_suite``), add
     them to the profile and refit, so the sweep interpolates between measured kernels."""
-    specs = list(dict.fromkeys(s for t in traces for s in t))  # the order of batch.table's rows
+    specs = batch.specs
     predicted = model.predict_table(batch.table, ["L3"])["L3"].to_numpy()
     suite = grid_sample_suite(specs, predicted, count=int(spec["calibrate_kernels"]),
                               max_bytes=float(cfg["sample"]["max_weight_bytes"]), max_s=GRID_KERNEL_MAX_S)

@@ -63,6 +63,22 @@ class Pairing:
     model: CostModel | None = None
     result: Any = None  # sim.paired.PairedResult
 
+    def finish(self, df: pd.DataFrame, model: CostModel, jobs: Sequence[Any], kernels_timed: Sequence[dict[str, Any]],
+               repredict: Callable[[CostModel], pd.DataFrame], measured: pd.DataFrame, wall_s: float) -> pd.DataFrame:
+        """After the interleaved rounds: write the kernels' timings into the profile, refit,
+        and return the table predicted again by the refitted model (``repredict``) beside
+        ``measured``, with ``attrs["paired"]`` saying what happened and what ``df`` (the
+        profile as loaded) had scored."""
+        from sim.paired import record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
+
+        self.result = record_paired(self.profile, jobs, [t["rounds"] for t in kernels_timed], suite=self.suite)
+        self.model = refit(self.profile, cv_folds=self.cv_folds, freshness=model.freshness)
+        out = add_errors(pd.concat([repredict(self.model), measured], axis=1))
+        out.attrs.update(df.attrs)
+        out.attrs["paired"] = {**self.result.to_dict(), "measure_wall_s": wall_s, "profile_as_loaded": ape_summary(df)}
+        console.print(self.result.describe(self.suite))
+        return out
+
 
 def pairing_for(cfg: Any, rt: Any, suite: str) -> Pairing | None:
     """The ``Pairing`` of a measuring experiment when ``calibration.paired`` (the default)."""
@@ -86,7 +102,7 @@ def evaluate_workloads(
     loaded and how far the machine had drifted from the profile are in
     ``df.attrs["paired"]``.
     """
-    from sim.paired import kernel_jobs, record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
+    from sim.paired import kernel_jobs  # noqa: PLC0415 (sim.paired imports the bench)
 
     predicted = predict_workloads(model, workloads)
     refs = [] if pairing is not None else list(references)
@@ -103,18 +119,7 @@ def evaluate_workloads(
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
     if pairing is not None:
-        kernel_timed = sum(sum(m.times_s) * m.number_per_run for t in timed[n:] for m in t["rounds"])
-        result = record_paired(pairing.profile, jobs, [t["rounds"] for t in timed[n:]], suite=pairing.suite)
-        result.wall_s = kernel_timed
-        pairing.model = refit(pairing.profile, cv_folds=pairing.cv_folds, freshness=model.freshness)
-        pairing.result = result
-        as_loaded = df.copy()
-        df = add_errors(pd.concat([predict_workloads(pairing.model, workloads), measured], axis=1))
-        df.attrs.update(as_loaded.attrs)
-        df.attrs["paired"] = {**result.to_dict(), "measure_wall_s": wall_s,
-                              "profile_as_loaded": ape_summary(as_loaded)}
-        model = pairing.model
-        console.print(result.describe(pairing.suite))
+        df = pairing.finish(df, model, jobs, timed[n:], lambda m: predict_workloads(m, workloads), measured, wall_s)
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
     if peak_flops_per_s:

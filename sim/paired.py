@@ -130,7 +130,8 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
     q1, med, q3 = np.percentile(table["ratio"], [25, 50, 75]) if len(table) else (None, None, None)
     return PairedResult(kernels=len(jobs), rows=written, family_ratio=family_ratio, family_kernels=family_kernels,
                         ratio_median=None if med is None else float(med),
-                        ratio_iqr=None if med is None else float(q3 - q1), at=at)
+                        ratio_iqr=None if med is None else float(q3 - q1), at=at,
+                        wall_s=float(sum(sum(m.times_s) * m.number_per_run for ms in rounds for m in ms)))
 
 
 def refit(profile: DeviceProfile, *, cv_folds: int = 4, freshness: dict[str, Any] | None = None) -> CostModel:

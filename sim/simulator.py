@@ -79,7 +79,11 @@ class TraceBatch:
     table: pd.DataFrame
     flat: np.ndarray
     lengths: np.ndarray
-    keys: tuple[str, ...] = ()  # each table row's descriptor key (L3 looks up measured kernels by it)
+    specs: tuple[KernelSpec, ...] = ()  # the descriptor of each table row
+
+    def keys(self) -> list[str] | None:
+        """Each table row's descriptor key (L3 looks up measured kernels by it)."""
+        return [s.key() for s in self.specs] if self.specs else None
 
     @classmethod
     def from_traces(cls, traces: Sequence[Sequence[KernelSpec]]) -> "TraceBatch":
@@ -87,7 +91,7 @@ class TraceBatch:
         lengths = np.fromiter((len(t) for t in traces), dtype=np.int64, count=len(traces))
         flat = np.fromiter((unique.setdefault(s, len(unique)) for t in traces for s in t), dtype=np.int64,
                            count=int(lengths.sum()))
-        return cls(kernel_table(unique) if unique else pd.DataFrame(), flat, lengths, tuple(s.key() for s in unique))
+        return cls(kernel_table(unique) if unique else pd.DataFrame(), flat, lengths, tuple(unique))
 
 
 def predict_traces(
@@ -113,7 +117,7 @@ def predict_traces(
     with warnings.catch_warnings():
         if quiet:
             warnings.simplefilter("ignore", ExtrapolationWarning)
-        pred = model.predict_table(batch.table, levels, keys=batch.keys or None)
+        pred = model.predict_table(batch.table, levels, keys=batch.keys())
     for lv in levels:
         per_kernel = pred[lv].to_numpy()[batch.flat] + cold_call_extra_s(model, lv)
         out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n)

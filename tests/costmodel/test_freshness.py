@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import torch
 
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.freshness import (

@@ -109,7 +109,7 @@ def test_fitting_never_sees_a_rejected_row(csv_file, caplog):
     _edit(csv_file, 4, "1.0418e-05,", "1.0418,")
     kernels = profile.kernels()
     assert len(kernels) == 3 and kernels["median_s"].max() < 1e-3
-    assert f"measurements.csv:4: rel_iqr=" in caplog.text and "measured again by the next bench" in caplog.text
+    assert "measurements.csv:4: rel_iqr=" in caplog.text and "measured again by the next bench" in caplog.text
     assert [r.line for r in profile.rejected()] == [4]
 
 

@@ -15,7 +15,7 @@ from costmodel.device import fingerprint
 from costmodel.kernels import GemmSpec
 from costmodel.predictor import CostModel
 from sim.executor import devices_can_run_together, run_placements
-from sim.placement import Device, Placement, PlacementError, Workload, cost_matrix, place, solve
+from sim.placement import Device, PlacementError, Workload, cost_matrix, place, solve
 from sim.placement_workloads import GNNFactory, calibration_suite, gnn_workload, mlp_workload, moe_workload
 from sim.gnn_layer import GNNConfig
 
