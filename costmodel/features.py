@@ -17,7 +17,8 @@ Features per family (all logs base 10, sizes in elements unless the name says by
   CV) of the rows executed (a padded bmm executes max_n rows per expert), padding waste
   1 - sum/(E*max), implementation;
 - gather / scatter / spmm: scatter volume rows*width*bytes, destination table bytes,
-  width, index CV (skew), order, backend and reduction;
+  width, index CV (skew), order, backend and reduction; spmm also the column skew and
+  the bytes of the X rows it reads (its cache footprint);
 - small ops: their sizes and op kind.
 """
 
@@ -65,6 +66,16 @@ def _log(x: Any) -> np.ndarray:
 
 def _col(t: pd.DataFrame, name: str) -> np.ndarray:
     return t[name].to_numpy(dtype=np.float64)
+
+
+def spmm_columns(t: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(src_cv, src_read_share) of spmm rows, unset cells filled as ``SpmmSpec.columns`` does
+    (uniform random columns: CV 1/sqrt(m), share 1 - exp(-m), m = nnz/num_src)."""
+    m = _col(t, "nnz") / _col(t, "num_src")
+    cv = t["src_cv"].to_numpy(dtype=np.float64) if "src_cv" in t else np.full(len(t), np.nan)
+    share = t["src_read_share"].to_numpy(dtype=np.float64) if "src_read_share" in t else np.full(len(t), np.nan)
+    unset = np.isnan(cv) | np.isnan(share)
+    return np.where(unset, 1.0 / np.sqrt(m), cv), np.where(unset, -np.expm1(-m), share)
 
 
 def roofline_time_s(flops: np.ndarray, bytes_moved: np.ndarray, ceilings: Mapping[str, Any]) -> np.ndarray:
@@ -143,7 +154,11 @@ def family_features(t: pd.DataFrame, family: str, ceilings: Mapping[str, Any]) -
             "log_rows_per_target": _log(rows / table_rows),
             "index_cv": _col(t, "index_cv"), "log1p_index_cv": np.log1p(_col(t, "index_cv")),
         }
-        if family != "spmm":
+        if family == "spmm":
+            src_cv, share = spmm_columns(t)
+            f |= {"log1p_src_cv": np.log1p(src_cv), "src_read_share": share,
+                  "log_src_read_bytes": _log(share * _col(t, "num_src") * width * elem)}
+        else:
             f["sorted"] = t["sorted"].astype(str).str.lower().isin(["true", "1"]).to_numpy(dtype=np.float64)
         if family == "scatter":
             f |= _onehot(t["backend"], SCATTER_BACKENDS, "backend")

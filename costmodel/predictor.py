@@ -36,7 +36,8 @@ MIN_ROWS_TO_FIT = 10
 #: Version of the kernel formulas and features the saved models were fitted with: bump it
 #: when a FLOPs/bytes formula or a feature changes, so saved models count as stale and refit.
 #: 2: grouped_mm reads only the weights of experts that received tokens.
-MODEL_VERSION = 2
+#: 3: spmm reads only the rows of X its columns name (src_read_share) and has column features.
+MODEL_VERSION = 3
 
 
 class StaleModelError(RuntimeError):

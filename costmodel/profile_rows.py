@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodel.kernels import _REGISTRY, from_record
+from costmodel.kernels import _REGISTRY, from_record, optional_fields
 
 REQUIRED = ("key", "round", "family", "median_s")
 #: numeric columns of a measurement row: (lowest allowed, lowest is allowed itself, integer)
@@ -76,7 +76,7 @@ class RejectedRow:
 def _descriptor_numeric_columns() -> set[str]:
     names: set[str] = set()
     for cls in _REGISTRY.values():
-        names |= {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float")}
+        names |= {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float", "float | None")}
     return names
 
 
@@ -243,7 +243,10 @@ def _descriptor_problem(rec: dict[str, Any]) -> str | None:
     cls = _REGISTRY.get(str(family))
     if cls is None:
         return f"family={family!r} is not a kernel family (known: {sorted(_REGISTRY)})"
+    optional = optional_fields(cls)
     for f in dataclasses.fields(cls):
+        if f.name in optional:  # may be absent or empty: unset (costmodel.kernels.OPTIONAL_TYPES)
+            continue
         if f.name not in rec:
             return f"family {family!r} needs column {f.name!r}, which the file lacks"
         value = rec[f.name]

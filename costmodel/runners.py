@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from costmodel import ops
-from costmodel.indices import index_for_cv
+from costmodel.indices import index_for_cv, index_for_share
 from costmodel.kernels import (
     ElementwiseSpec,
     GatherSpec,
@@ -95,7 +95,11 @@ def _build(spec: KernelSpec, device: torch.device, seed: int) -> tuple[Callable[
         return run_scatter, (src, index)
     if isinstance(spec, SpmmSpec):
         dst = _index(spec.nnz, spec.num_dst, spec.index_cv, True, seed, device).cpu()
-        src_ids = torch.randint(0, spec.num_src, (spec.nnz,), generator=gen)
+        if spec.src_cv is None or spec.src_read_share is None:  # unset: uniform random columns
+            src_ids = torch.randint(0, spec.num_src, (spec.nnz,), generator=gen)
+        else:
+            columns = index_for_share(spec.nnz, spec.num_src, spec.src_cv, spec.src_read_share, seed=seed + 1)[0]
+            src_ids = torch.from_numpy(columns.copy())
         adjacency = csr_from_index(dst, src_ids, spec.num_dst, spec.num_src, None, getattr(torch, dt), device)
         return ops.spmm, (adjacency, _randn((spec.num_src, spec.width), dt, device, gen))
     if isinstance(spec, ElementwiseSpec):

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from costmodel.indices import realised_cv
+from costmodel.indices import index_for_share, realised_cv
 from costmodel.kernels import (
     DTYPE_BYTES,
     ElementwiseSpec,
@@ -150,10 +150,21 @@ def scatter_specs(cfg: Mapping[str, Any], dtype: str, backends: Iterable[str]) -
 
 
 def spmm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
-    return [
-        SpmmSpec(nnz, width, nodes, nodes, realised_cv(nnz, nodes, cv, sorted=True), dtype)
-        for nnz, width, nodes, cv in _grid(cfg, "nnz", "width", "nodes", "index_cv")
-    ]
+    """The spmm grid. ``columns`` (optional) lists the column-index patterns: null for
+    uniform random columns, or [src_cv, src_read_share] as wished; each descriptor carries
+    the pattern its index realises (the runner draws it with seed 1, as here)."""
+    specs: list[KernelSpec] = []
+    for nnz, width, nodes, cv in _grid(cfg, "nnz", "width", "nodes", "index_cv"):
+        rows_cv = realised_cv(nnz, nodes, cv, sorted=True)
+        for pattern in cfg.get("columns") or [None]:
+            if pattern is None:
+                specs.append(SpmmSpec(nnz, width, nodes, nodes, rows_cv, dtype))
+                continue
+            if len(pattern) != 2:
+                raise ValueError(f"suite spmm.columns entries are null or [src_cv, src_read_share], got {pattern!r}")
+            _, src_cv, share = index_for_share(nnz, nodes, float(pattern[0]), float(pattern[1]), seed=1)
+            specs.append(SpmmSpec(nnz, width, nodes, nodes, rows_cv, dtype, round(src_cv, 3), max(round(share, 3), 0.001)))
+    return specs
 
 
 def small_op_specs(family: str, cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 import matplotlib
 
 matplotlib.use("Agg")
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
@@ -87,6 +88,16 @@ def validate(cfg: Any) -> list[GNNConfig]:
     return configs
 
 
+def _src_read_shares(configs: list[GNNConfig], graphs: list[tuple[float, torch.Tensor]]) -> list[float]:
+    """Three shares of source nodes read (lowest, middle, highest of the sweep's graphs) for
+    the sparse_csr calibration kernels; none when no layer aggregates by sparse matmul."""
+    if not any(c.backend == "sparse_csr" for c in configs):
+        return []
+    n = configs[0].num_nodes
+    shares = [GraphPlan.from_edge_index(ei, n, sorted_by_dst=False).csr_src_read_share or 1.0 for _, ei in graphs]
+    return sorted({round(float(v), 2) for v in np.linspace(min(shares), max(shares), 3)})
+
+
 def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     cfg = config_dict(cfg)
     configs = validate(cfg)
@@ -104,7 +115,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     base = configs[0]
     stats = [degree_stats(ei, base.num_nodes) for _, ei in graphs]
     cvs = [s["degree_cv"] for s in stats] + [s["out_degree_cv"] for s in stats]
-    suite = gnn_suite(configs, num_edges=int(graphs[0][1].shape[1]), cv_range=(min(cvs), max(cvs)))
+    suite = gnn_suite(configs, num_edges=int(graphs[0][1].shape[1]), cv_range=(min(cvs), max(cvs)),
+                      src_read_shares=_src_read_shares(configs, graphs))
     if measuring:
         model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
                                  **calibration_options(cfg))

@@ -225,14 +225,19 @@ def _spmm_spec(csr: torch.Tensor, dense: torch.Tensor, call: OpCall, init: torch
     rows = csr.crow_indices().detach().to("cpu", torch.int64).numpy()
     lengths = np.diff(rows).astype(np.float64)
     cv = round(float(lengths.std() / lengths.mean()), 3) if lengths.size and lengths.mean() > 0 else 0.0
+    num_src = int(csr.shape[1])
+    columns = np.bincount(csr.col_indices().detach().to("cpu", torch.int64).numpy(), minlength=num_src)
+    src_cv = round(float(columns.std() / columns.mean()), 3) if columns.mean() > 0 else 0.0
+    src_share = max(round(float((columns > 0).mean()), 3), 0.001)
     if init is not None:
         call.absorbs = init
-    return SpmmSpec(max(int(csr._nnz()), 1), int(dense.shape[1]), int(csr.shape[0]), int(csr.shape[1]), cv,
-                    _spec_dtype(dense, SpmmSpec.allowed_dtypes))
+    return SpmmSpec(max(int(csr._nnz()), 1), int(dense.shape[1]), int(csr.shape[0]), num_src, cv,
+                    _spec_dtype(dense, SpmmSpec.allowed_dtypes), src_cv, src_share)
 
 
 @register([aten._sparse_addmm, aten._sparse_mm], family="spmm",
-          note="CSR x dense; index_cv = CV of CSR row lengths (in-degree); a zero fill of the output just "
+          note="CSR x dense; index_cv = CV of CSR row lengths (in-degree), src_cv and src_read_share "
+               "from the column indices (which rows of the dense operand are read); a zero fill of the output just "
                "before is part of the call (as in costmodel.ops.spmm)")
 def _sparse(call: OpCall) -> KernelSpec:
     if call.func.overloadpacket is aten._sparse_addmm:

@@ -94,6 +94,10 @@ class GraphPlan:
     #: (None: a graph without duplicates, num_edges and in_degree_cv)
     csr_nnz: int | None = None
     csr_row_cv: float | None = None
+    #: CV of how often each source node is read by the CSR adjacency, and the share read
+    #: at least once: the sparse matmul's cache footprint (``SpmmSpec.src_cv``)
+    csr_src_cv: float | None = None
+    csr_src_read_share: float | None = None
 
     @classmethod
     def from_edge_index(cls, edge_index: torch.Tensor, num_nodes: int, *, sorted_by_dst: bool) -> "GraphPlan":
@@ -110,9 +114,12 @@ class GraphPlan:
 
 def _csr_facts(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> dict[str, object]:
     pairs = np.unique(dst.astype(np.int64) * num_nodes + src)
+    columns = np.bincount(pairs % num_nodes, minlength=num_nodes)
+    facts: dict[str, object] = {"csr_src_cv": _cv(columns),
+                                "csr_src_read_share": max(round(float((columns > 0).mean()), 3), 0.001)}
     if pairs.size == src.size:
-        return {}
-    return {"csr_nnz": int(pairs.size), "csr_row_cv": _cv(np.bincount(pairs // num_nodes, minlength=num_nodes))}
+        return facts
+    return {**facts, "csr_nnz": int(pairs.size), "csr_row_cv": _cv(np.bincount(pairs // num_nodes, minlength=num_nodes))}
 
 
 def _cv(counts: np.ndarray) -> float:
@@ -136,7 +143,7 @@ def gnn_trace(cfg: GNNConfig, plan: GraphPlan) -> list[KernelSpec]:
     if cfg.backend == "sparse_csr":
         nnz = plan.csr_nnz if plan.csr_nnz is not None else E
         row_cv = plan.csr_row_cv if plan.csr_row_cv is not None else plan.in_degree_cv
-        aggregate: list[KernelSpec] = [SpmmSpec(nnz, W, N, N, row_cv, dt)]
+        aggregate: list[KernelSpec] = [SpmmSpec(nnz, W, N, N, row_cv, dt, plan.csr_src_cv, plan.csr_src_read_share)]
     else:
         aggregate = [GatherSpec(E, W, N, plan.out_degree_cv, plan.src_sorted, dt)]
         if cfg.kind == "gcn" and cfg.aggregation == "sum":

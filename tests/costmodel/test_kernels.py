@@ -42,7 +42,13 @@ def test_gather_scatter_spmm_bytes():
     assert ScatterSpec(3, 4, 10, "copy", "index_copy").flops() == 0
     sp = SpmmSpec(nnz=10, width=4, num_dst=3, num_src=5)
     assert sp.flops() == 2 * 10 * 4
-    assert sp.bytes_moved() == 10 * (4 + 8) + 4 * 8 + (5 + 3) * 4 * 4
+    # unset columns are uniform draws: 2 reads per source row on average, so a row is read
+    # with probability 1 - e^-2 and 5 * (1 - e^-2) rows of X are read
+    assert sp.bytes_moved() == pytest.approx(10 * (4 + 8) + 4 * 8 + (5 * (1 - math.exp(-2)) + 3) * 4 * 4)
+    assert sp.columns() == pytest.approx((1 / math.sqrt(2), 1 - math.exp(-2)))
+    skewed = SpmmSpec(10, 4, 3, 5, 0.0, "float32", src_cv=1.5, src_read_share=0.6)  # 3 of 5 rows read
+    assert skewed.bytes_moved() == 10 * (4 + 8) + 4 * 8 + (3 + 3) * 4 * 4
+    assert skewed.key() != sp.key() and "src_cv" not in sp.key()  # unset fields keep old keys
 
 
 def test_small_op_formulas():

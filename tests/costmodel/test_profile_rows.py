@@ -125,3 +125,21 @@ def test_committed_profiles_load_whole_and_unchanged(file):
     frame, rejected = read_rows(file)
     assert rejected == [] and len(frame) == file.read_text().count("\n") - 1
     assert hashlib.sha256(file.read_bytes()).hexdigest() == before
+
+
+def test_spmm_rows_from_before_the_column_fields_load_beside_new_ones(tmp_path):
+    """A row measured before SpmmSpec had src_cv/src_read_share (no such columns) keeps its key
+    and means uniform columns; a row with them is a different kernel; both load."""
+    from costmodel.kernels import SpmmSpec
+
+    def row(spec):
+        return {**_row(1), "key": spec.key(), **spec.to_record(), "flops": spec.flops(), "bytes_moved": spec.bytes_moved()}
+
+    old, new = SpmmSpec(1000, 16, 500, 500, 0.5), SpmmSpec(1000, 16, 500, 500, 0.5, "float32", 3.0, 0.3)
+    profile = DeviceProfile.open(tmp_path, fingerprint(torch.device("cpu"), "float32"))
+    profile.append_measurements([{k: v for k, v in row(old).items() if k not in ("src_cv", "src_read_share")}])
+    profile.append_measurements([row(new)])
+    frame, rejected = read_rows(profile.path / "measurements.csv")
+    assert rejected == [] and len(frame) == 2
+    specs = profile.specs()
+    assert set(specs) == {old, new} and old.key() == "dtype=float32|family=spmm|index_cv=0.5|nnz=1000|num_dst=500|num_src=500|width=16"

@@ -111,7 +111,12 @@ def test_sparse_csr_matmul():
     csr = dense.to_sparse_csr()
     lengths = np.array([1, 2, 0, 3], dtype=float)
     cv = round(float(lengths.std() / lengths.mean()), 3)
-    assert only(torch.sparse.mm, csr, torch.randn(3, 5)) == SpmmSpec(6, 5, 4, 3, cv)
+    # columns read 2, 2, 2 times: CV 0, every source row read
+    assert only(torch.sparse.mm, csr, torch.randn(3, 5)) == SpmmSpec(6, 5, 4, 3, cv, "float32", 0.0, 1.0)
+    # columns read 2, 2, 0 times: CV = std/mean = (sqrt(8/9)) / (4/3) = 0.707, two of three rows read
+    skewed = torch.tensor([[0, 1.0, 0], [2.0, 0, 0], [0, 0, 0], [1.0, 1.0, 0]]).to_sparse_csr()
+    spec = only(torch.sparse.mm, skewed, torch.randn(3, 5))
+    assert (spec.src_cv, spec.src_read_share) == (0.707, 0.667)
 
 
 def test_pointwise_unary_binary_ternary():

@@ -58,6 +58,13 @@ def test_plan_reads_the_graph():
     plan = GraphPlan.from_edge_index(torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1]]), 4, sorted_by_dst=False)
     assert plan.num_edges == 4 and plan.dst_sorted and plan.src_sorted
     assert plan.in_degree_cv == pytest.approx(round(float(torch.tensor([3.0, 1, 0, 0]).std(unbiased=False)), 3))
+    # sources 0..3 each read once: CV 0, all read; the sparse matmul carries that
+    assert (plan.csr_src_cv, plan.csr_src_read_share) == (0.0, 1.0)
+    hub = GraphPlan.from_edge_index(torch.tensor([[0, 0, 0, 1], [0, 1, 2, 3]]), 4, sorted_by_dst=False)
+    # source counts [3, 1, 0, 0]: mean 1, std sqrt((4 + 0 + 1 + 1) / 4) = 1.225; half the sources read
+    assert (hub.csr_src_cv, hub.csr_src_read_share) == (1.225, 0.5)
+    spmm = gnn_trace(GNNConfig(num_nodes=4, in_features=2, out_features=2, backend="sparse_csr"), hub)[1]
+    assert (spmm.src_cv, spmm.src_read_share) == (1.225, 0.5)
 
 
 @pytest.mark.parametrize(
@@ -81,3 +88,19 @@ def test_bad_graph_is_refused_before_running():
         layer.set_graph(torch.tensor([[0, 9], [1, 2]]))
     with pytest.raises(RuntimeError, match="set_graph"):
         layer(torch.randn(4, 2))
+
+
+def test_gnn_suite_calibrates_sparse_matmuls_on_the_shares_real_graphs_read():
+    from costmodel.indices import min_cv_for_share
+    from sim.calibration import gnn_suite
+
+    cfg = GNNConfig(num_nodes=500, in_features=8, out_features=8, backend="sparse_csr")
+    plain = {s.key() for _, s in gnn_suite([cfg], num_edges=4000, cv_range=(0.5, 3.0), points=4)}
+    tagged = gnn_suite([cfg], num_edges=4000, cv_range=(0.5, 3.0), points=4, src_read_shares=[0.4])
+    extra = [s for _, s in tagged if s.key() not in plain]
+    assert extra and all(s.family == "spmm" and s.src_read_share == pytest.approx(0.4, abs=0.03) for s in extra)
+    # a share of 0.4 needs CV >= sqrt(1/0.4 - 1) = 1.22: only the grid's larger CVs get one
+    assert all(s.src_cv >= min_cv_for_share(0.4) - 0.05 for s in extra)
+    index_add = GNNConfig(num_nodes=500, in_features=8, out_features=8, backend="index_add")
+    assert not [s for _, s in gnn_suite([index_add], num_edges=4000, cv_range=(0.5, 3.0), src_read_shares=[0.4])
+                if s.family == "spmm"]
