@@ -221,7 +221,7 @@ def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, 
 
 def measure_interleaved(
     jobs: Sequence[Callable[[], Any] | Any], *, device: torch.device, timing: TimingConfig, description: str,
-    progress: bool = True, evict: Sequence[bool] | None = None,
+    progress: bool = True, evict: Sequence[bool] | None = None, order: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Time every job in ``timing.rounds`` round-robin passes (each with 1/rounds of the
     time budget, no retries: the rounds are the retries), so slow drift of a shared
@@ -232,18 +232,26 @@ def measure_interleaved(
     Measurement of each round). ``evict`` says per job whether each timed call starts from
     evicted caches (default: ``timing.cold_cache``). A job with a ``build()`` method (a
     ``sim.paired.KernelJob``) is built just before each of its timings and dropped after.
+    ``order`` (a permutation of the job indices; default as given) is the order of the odd
+    rounds; even rounds run it backwards, so a job timed just before another in one round
+    is timed just after it in the next, and a steady drift cancels out of their ratio.
+    Results are returned in job order whatever the timing order.
     """
     rounds = timing.rounds
     evict = [timing.cold_cache] * len(jobs) if evict is None else list(evict)
     if len(evict) != len(jobs):
         raise ValueError(f"evict has {len(evict)} flags for {len(jobs)} jobs")
+    forward = list(range(len(jobs))) if order is None else list(order)
+    if sorted(forward) != list(range(len(jobs))):
+        raise ValueError(f"order must be a permutation of the {len(jobs)} job indices")
     per_round = replace(timing.per_round(), retries=0)
     per_job: list[list[Any]] = [[] for _ in jobs]
     bar = make_progress(progress)
     with bar:
         task = bar.add_task(description, total=len(jobs) * rounds, current="")
         for r in range(rounds):
-            for i, job in enumerate(jobs):
+            for i in (forward if r % 2 == 0 else forward[::-1]):
+                job = jobs[i]
                 bar.update(task, current=f"round {r + 1}/{rounds}")
                 fn = job.build() if hasattr(job, "build") else job
                 per_job[i].append(measure(fn, device=device, config=per_round, evict_cpu_cache=evict[i]))

@@ -102,7 +102,7 @@ def evaluate_workloads(
     loaded and how far the machine had drifted from the profile are in
     ``df.attrs["paired"]``.
     """
-    from sim.paired import kernel_jobs  # noqa: PLC0415 (sim.paired imports the bench)
+    from sim.paired import kernel_jobs, paired_order  # noqa: PLC0415 (sim.paired imports the bench)
 
     predicted = predict_workloads(model, workloads)
     refs = [] if pairing is not None else list(references)
@@ -111,7 +111,8 @@ def evaluate_workloads(
     start = time.perf_counter()
     timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + jobs, device=device,
                                 timing=timing, description=description, progress=progress,
-                                evict=[timing.cold_cache] * n + [False] * (len(refs) + len(jobs)))
+                                evict=[timing.cold_cache] * n + [False] * (len(refs) + len(jobs)),
+                                order=paired_order([w.trace for w in workloads], n + len(refs)) if jobs else None)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
     df = add_errors(pd.concat([predicted, measured], axis=1))

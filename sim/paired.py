@@ -67,6 +67,26 @@ def kernel_jobs(traces: Iterable[Sequence[KernelSpec]], device: torch.device, *,
     return [KernelJob(s, device, cold) for s in distinct_kernels(traces)]
 
 
+def paired_order(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) -> list[int]:
+    """A timing order that puts each layer next to its own kernels.
+
+    Jobs are the layers (0..n-1), then anything else, then the distinct kernels of
+    ``traces`` from index ``first_kernel_job`` in first-seen order (``kernel_jobs``). Each
+    layer is followed by the kernels it is the first to use, so a layer and the kernels
+    its prediction sums are timed within seconds of each other: the VM's speed phases
+    (minutes long, up to 2x here) then move both together instead of biasing their ratio.
+    Jobs between the layers and the kernels keep their place at the end."""
+    order: list[int] = []
+    seen: dict[KernelSpec, int] = {}
+    for i, trace in enumerate(traces):
+        order.append(i)
+        for spec in trace:
+            if spec not in seen:
+                seen[spec] = first_kernel_job + len(seen)
+                order.append(seen[spec])
+    return order + [j for j in range(len(traces), first_kernel_job)]
+
+
 @dataclass
 class PairedResult:
     """What ``record_paired`` wrote and how far the machine was from the profile."""

@@ -14,7 +14,7 @@ from costmodel.timing import Measurement, TimingConfig
 from experiments.common import calibration_options, paired_enabled
 from experiments.workloads import Pairing, Workload, evaluate_workloads
 from sim.calibration import calibrated_model
-from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, record_paired
+from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, paired_order, record_paired
 
 TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2, layer_min_calls=3)
 SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
@@ -107,3 +107,26 @@ def test_bad_paired_value_names_the_key(bad):
 
 def test_paired_is_on_by_default():
     assert paired_enabled({}) is True and paired_enabled({"calibration": {"paired": False}}) is False
+
+
+def test_paired_order_puts_each_layer_beside_the_kernels_it_first_uses():
+    a, b, c = GemmSpec(1, 32, 32), GemmSpec(2, 32, 32), SortSpec(512)
+    # jobs: layers 0, 1; one reference (2); kernels a, b, c at 3, 4, 5 (first-seen order)
+    assert [s for s in distinct_kernels([[a, b], [b, c]])] == [a, b, c]
+    assert paired_order([[a, b], [b, c]], 3) == [0, 3, 4, 1, 5, 2]
+
+
+def test_measure_interleaved_alternates_direction_and_returns_job_order():
+    from experiments.common import measure_interleaved
+
+    calls: list[int] = []
+    jobs = [lambda i=i: calls.append(i) for i in range(3)]
+    timing = TimingConfig(min_run_time_s=0.001, min_runs=3, retries=0, rounds=3, layer_min_calls=1)
+    out = measure_interleaved(jobs, device=torch.device("cpu"), timing=timing, description="t", progress=False,
+                              evict=[False] * 3, order=[2, 0, 1])
+    runs = [j for k, j in enumerate(calls) if k == 0 or calls[k - 1] != j]  # each timing is a run of calls
+    assert runs == [2, 0, 1, 0, 2, 0, 1]  # forwards, backwards (1 and 2 twice in a row), forwards
+    assert len(out) == 3 and all(o["measured_s"] > 0 for o in out)
+    with pytest.raises(ValueError, match="order must be a permutation of the 3 job indices"):
+        measure_interleaved(jobs, device=torch.device("cpu"), timing=timing, description="t", progress=False,
+                            order=[0, 0, 1])
