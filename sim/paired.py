@@ -99,19 +99,34 @@ class PairedResult:
     ratio_iqr: float | None
     at: str
     wall_s: float = 0.0  # seconds spent inside the kernels' timed calls
+    #: labels of kernels whose rounds disagreed beyond ``UNSTABLE_ROUND_SPREAD``: not recorded,
+    #: the profile keeps its older rows of them
+    unstable: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"kernels": self.kernels, "rows": self.rows, "at": self.at,
                 "now_over_profile_median": self.ratio_median, "now_over_profile_iqr": self.ratio_iqr,
                 "family_ratio": self.family_ratio, "family_kernels": self.family_kernels,
-                "kernel_timed_s": self.wall_s}
+                "kernel_timed_s": self.wall_s, "unstable_kept_profiled": list(self.unstable)}
 
     def describe(self, suite: str) -> str:
         fams = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.family_ratio.items()))
         drift = ("" if self.ratio_median is None else
                  f"; they took {self.ratio_median:.2f}x their profiled time (median, IQR {self.ratio_iqr:.2f}; {fams})")
+        unstable = (f"; {len(self.unstable)} whose rounds disagreed more than {UNSTABLE_ROUND_SPREAD:g}x kept their "
+                    f"profiled rows ({', '.join(self.unstable[:3])}{', ...' if len(self.unstable) > 3 else ''})"
+                    if self.unstable else "")
         return (f"paired calibration: {self.kernels} kernels of {suite} timed in the same rounds as the layers "
-                f"({self.wall_s:.0f} s timed){drift}; their rows replace the profile's and the models are refitted")
+                f"({self.wall_s:.0f} s timed){drift}; their rows replace the profile's and the models are "
+                f"refitted{unstable}")
+
+
+#: A kernel whose slowest round took more than this many times its fastest was in two
+#: states, not drifting: the VM's speed phases moved kernels by up to 2x between rounds
+#: here, while the GB-sized weight gathers of transformers' batched_mm experts took 0.06 s in
+#: one round and 1.4 s in the next two (results/cpu_epyc/hf_moe_s1; the layers around them
+#: stayed at 0.34 s). Its rows are not recorded; the profile keeps the ones it had.
+UNSTABLE_ROUND_SPREAD = 3.0
 
 
 def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Sequence[Sequence[Measurement]], *,
@@ -126,12 +141,16 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
     # the refresh's time stamps the new rows too: a row is scaled by a refresh only when it
     # was measured before it (``refresh_scale``), and these are the refresh
     at = time.strftime(TIME_FORMAT)
-    rows, ratios = [], []
+    rows, ratios, unstable = [], [], []
     for job, ms in zip(jobs, rounds):
-        rows += [{**measurement_row(job.spec, TAG, m.summary(), suite, r), "measured_at": at} for r, m in enumerate(ms)]
         old = profiled.get(job.spec.key())
+        medians = [m.median_s for m in ms]
+        if old and old > 0 and max(medians) > UNSTABLE_ROUND_SPREAD * min(medians):
+            unstable.append(job.spec.label())  # two states, not a drift: keep what the profile has
+            continue
+        rows += [{**measurement_row(job.spec, TAG, m.summary(), suite, r), "measured_at": at} for r, m in enumerate(ms)]
         if old and old > 0:
-            ratios.append((job.spec.family, float(np.median([m.median_s for m in ms])) / float(old)))
+            ratios.append((job.spec.family, float(np.median(medians)) / float(old)))
     table = pd.DataFrame(ratios, columns=["family", "ratio"])
     family_ratio = {f: float(g.median()) for f, g in table.groupby("family")["ratio"]} if len(table) else {}
     family_kernels = {f: int(n) for f, n in table.groupby("family").size().items()} if len(table) else {}
@@ -151,7 +170,8 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
     return PairedResult(kernels=len(jobs), rows=written, family_ratio=family_ratio, family_kernels=family_kernels,
                         ratio_median=None if med is None else float(med),
                         ratio_iqr=None if med is None else float(q3 - q1), at=at,
-                        wall_s=float(sum(sum(m.times_s) * m.number_per_run for ms in rounds for m in ms)))
+                        wall_s=float(sum(sum(m.times_s) * m.number_per_run for ms in rounds for m in ms)),
+                        unstable=tuple(unstable))
 
 
 def refit(profile: DeviceProfile, *, cv_folds: int = 4, freshness: dict[str, Any] | None = None) -> CostModel:

@@ -70,6 +70,26 @@ def test_paired_rows_replace_the_profile_and_are_not_scaled_by_their_own_refresh
     assert len(rows) == len(SUITE) * TIMING.rounds  # replaced, not appended
 
 
+def test_a_kernel_whose_rounds_disagree_beyond_the_spread_keeps_its_profiled_rows(rt):
+    profile = rt.open_profile()
+    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    file = profile.path / "measurements.csv"
+    pd.read_csv(file).assign(measured_at="2000-01-01T00:00:00").to_csv(file, index=False)  # profiled long ago
+    before = profile.kernels().set_index("key")["median_s"]
+    steady, bimodal, new = GemmSpec(1, 32, 32), GemmSpec(2, 32, 32), GemmSpec(3, 32, 32)
+    b = before[bimodal.key()]
+    rounds = [[_fake(1.5 * before[steady.key()])] * 2, [_fake(b), _fake(20 * b)], [_fake(1e-4), _fake(1e-3)]]
+    result = record_paired(profile, [KernelJob(s, rt.device, False) for s in (steady, bimodal, new)], rounds, suite="t")
+    # 20x between rounds is two states, not drift: not recorded, not in the family's ratio;
+    # a kernel the profile lacks is recorded whatever its spread (nothing better is known)
+    assert result.unstable == (bimodal.label(),) and result.rows == 4
+    assert result.family_ratio == {"gemm": pytest.approx(1.5)}
+    after = profile.kernels().set_index("key")["median_s"]
+    assert after[bimodal.key()] == pytest.approx(1.5 * b)  # its old rows, scaled by the family's drift
+    assert new.key() in after.index and "kept their profiled rows" in result.describe("t")
+
+
 def test_record_paired_refuses_mismatched_lengths(rt):
     with pytest.raises(ValueError, match="2 kernels but 1 measurement"):
         record_paired(rt.open_profile(), [KernelJob(GemmSpec(1, 2, 3), rt.device, False)] * 2, [[_fake(1.0)]], suite="t")
