@@ -104,6 +104,8 @@ def scatter(
         return torch.zeros(num_dst, width, dtype=src.dtype, device=src.device).index_add_(0, index, src)
     if backend == "index_copy":
         return torch.zeros(num_dst, width, dtype=src.dtype, device=src.device).index_copy_(0, index, src)
+    if backend == "index_put":
+        return torch.zeros(num_dst, width, dtype=src.dtype, device=src.device).index_put_((index,), src, accumulate=True)
     if backend == "scatter_reduce":
         out = torch.zeros(num_dst, width, dtype=src.dtype, device=src.device)
         torch_reduce = {"sum": "sum", "mean": "mean", "max": "amax"}[reduce]

@@ -37,7 +37,8 @@ MIN_ROWS_TO_FIT = 10
 #: when a FLOPs/bytes formula or a feature changes, so saved models count as stale and refit.
 #: 2: grouped_mm reads only the weights of experts that received tokens.
 #: 3: spmm reads only the rows of X its columns name (src_read_share) and has column features.
-MODEL_VERSION = 3
+#: 4: scatter backend index_put (accumulate), its own one-hot feature.
+MODEL_VERSION = 4
 
 
 class StaleModelError(RuntimeError):

@@ -368,7 +368,7 @@ def _scatter_add(call: OpCall) -> KernelSpec:
 
 
 @register([aten.index_put_, aten.index_put, aten._index_put_impl_], family="scatter",
-          note="accumulate=True as index_add (nearest: the same add-at-index pattern); accumulate=False "
+          note="accumulate=True as backend index_put (its own, serial on CPU); accumulate=False "
                "as index_copy when the index is duplicate-free; into an integer tensor as an elementwise copy "
                "of the values (nearest)")
 def _index_put(call: OpCall) -> KernelSpec:
@@ -383,7 +383,7 @@ def _index_put(call: OpCall) -> KernelSpec:
         if index.unique().numel() != index.numel() or index.numel() > dest.shape[0]:
             return _scatter_spec(call, dest, index, _expand_values(values, index, dest), "sum", "index_add")
         return _scatter_spec(call, dest, index, _expand_values(values, index, dest), "copy", "index_copy")
-    return _scatter_spec(call, dest, index, _expand_values(values, index, dest), "sum", "index_add")
+    return _scatter_spec(call, dest, index, _expand_values(values, index, dest), "sum", "index_put")
 
 
 def _expand_values(values: torch.Tensor, index: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ SPECS = [
     GemmSpec(3, 8, 16), GroupedGemmSpec((3, 0, 5), 8, 16, "padded_bmm"), GroupedGemmSpec((3, 0, 5), 8, 16, "grouped_mm"),
     GatherSpec(50, 4, 10, 1.0, True), GatherSpec(50, 1, 50, 0.0, False, "int64"),
     ScatterSpec(50, 4, 10, "max", "scatter_reduce", 0.5), ScatterSpec(5, 4, 10, "copy", "index_copy"),
-    SpmmSpec(40, 4, 10, 10, 0.5), ElementwiseSpec("gelu", 100), ElementwiseSpec("floordiv", 100, "int64"),
+    ScatterSpec(50, 4, 10, "sum", "index_put", 0.5),
+    SpmmSpec(40, 4, 10, 10, 0.5), SpmmSpec(40, 4, 10, 10, 0.5, "float32", 1.0, 0.5), ElementwiseSpec("gelu", 100), ElementwiseSpec("floordiv", 100, "int64"),
     SoftmaxSpec(4, 8), TopkSpec(4, 8, 2), SortSpec(64), HistogramSpec(64, 8),
 ] + ([ScatterSpec(50, 4, 10, "mean", "torch_scatter")] if "torch_scatter" in scatter_backends_available() else [])
 
@@ -51,3 +52,10 @@ def test_cold_runner_reads_different_operands_each_call(monkeypatch):
 
 def test_gemm_output_has_the_descriptor_shape():
     assert tuple(runners.make_runner(GemmSpec(3, 8, 16))().shape) == (3, 16)
+
+
+def test_index_put_and_index_add_sum_the_same_rows():
+    src, index = torch.randn(6, 3), torch.tensor([0, 2, 2, 4, 0, 0])
+    put = runners.ops.scatter(src, index, 5, reduce="sum", backend="index_put")
+    add = runners.ops.scatter(src, index, 5, reduce="sum", backend="index_add")
+    assert torch.allclose(put, add) and put[1].abs().sum() == 0
