@@ -480,9 +480,11 @@ def _copy(call: OpCall) -> KernelSpec:
 
 
 @register([aten.slice_backward, aten.select_backward], family="elementwise",
-          note="nearest: op copy of the gradient into a zeroed tensor (output numel)")
+          note="op fill of the output numel: the pass that zeroes the full-size gradient dominates (the "
+               "slice copied into it is 1/E of it for one expert's weight slice); a copy of the output numel "
+               "would read a full-size input that does not exist (2x: eager MoE backward)")
 def _slice_backward(call: OpCall) -> KernelSpec:
-    return _elementwise("copy", call)
+    return _elementwise("fill", call)
 
 
 @register([aten.nll_loss_forward], family="gather",

@@ -151,6 +151,10 @@ def test_small_ops():
     one_hot = kernels(F.one_hot, ids, 4)
     assert ElementwiseSpec("copy", 5, "int64") in one_hot  # the scatter of ones
     assert only(lambda a: a.float(), ids) == ElementwiseSpec("copy", 5, "float32")
+    # the backward of selecting one expert's [4, 10] slice of a [6, 4, 10] weight zeroes the
+    # whole [6, 4, 10] gradient: a fill of 240 (write only), not a copy that would read 240
+    grad = torch.randn(4, 10)
+    assert only(lambda g: torch.ops.aten.select_backward(g, [6, 4, 10], 0, 2), grad) == ElementwiseSpec("fill", 240)
 
 
 def test_views_launch_no_kernel():
