@@ -100,6 +100,19 @@ def realised_cv(num_rows: int, num_targets: int, cv: float, *, sorted: bool, see
     return round(index_for_cv(num_rows, num_targets, float(cv), sorted=sorted, seed=seed)[1], 3)
 
 
+def column_pattern(cv: float, share: float) -> tuple[float, float]:
+    """(CV, read share) as a descriptor records them: rounded to 3 decimals, the share at
+    least 0.001 (``SpmmSpec.src_read_share`` must be > 0)."""
+    return round(float(cv), 3), max(round(float(share), 3), 0.001)
+
+
+def pattern_of_counts(counts: np.ndarray) -> tuple[float, float]:
+    """``column_pattern`` of per-target hit counts (how often each target is read)."""
+    c = np.asarray(counts, dtype=np.float64)
+    mean = c.mean() if c.size else 0.0
+    return column_pattern(c.std() / mean if mean > 0 else 0.0, (c > 0).mean() if c.size else 1.0)
+
+
 def read_share(index: np.ndarray, num_targets: int) -> float:
     """Share of the targets that ``index`` hits at least once."""
     return float(np.unique(index).size / num_targets)

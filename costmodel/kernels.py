@@ -386,8 +386,8 @@ class SpmmSpec(KernelSpec):
     ``src_cv`` and ``src_read_share`` describe the column indices, i.e. which rows of X are
     read: the CV of how often each of the N_src rows is read, and the share read at least
     once. They set the kernel's cache footprint: a skewed graph (R-MAT at a = 0.7) reads
-    38% of X and runs 1.4-1.6x faster than the same CSR with uniform columns (measured on
-    this project's CPU; ``results/`` README "sparse_csr columns"). Left unset (None) they
+    38% of X and runs 1.4-1.6x faster than the same CSR with uniform columns (the AMD EPYC VM;
+    README, "Second pass"). Left unset (None) they
     mean uniform random columns, which is what rows measured before they existed ran.
     """
 

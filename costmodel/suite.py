@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from costmodel.indices import index_for_share, realised_cv
+from costmodel.indices import column_pattern, index_for_share, realised_cv
 from costmodel.kernels import (
     DTYPE_BYTES,
     ElementwiseSpec,
@@ -163,7 +163,7 @@ def spmm_specs(cfg: Mapping[str, Any], dtype: str) -> list[KernelSpec]:
             if len(pattern) != 2:
                 raise ValueError(f"suite spmm.columns entries are null or [src_cv, src_read_share], got {pattern!r}")
             _, src_cv, share = index_for_share(nnz, nodes, float(pattern[0]), float(pattern[1]), seed=1)
-            specs.append(SpmmSpec(nnz, width, nodes, nodes, rows_cv, dtype, round(src_cv, 3), max(round(share, 3), 0.001)))
+            specs.append(SpmmSpec(nnz, width, nodes, nodes, rows_cv, dtype, *column_pattern(src_cv, share)))
     return specs
 
 

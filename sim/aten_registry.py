@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from costmodel.indices import pattern_of_counts
 from costmodel.kernels import (
     ElementwiseSpec,
     GatherSpec,
@@ -226,9 +227,8 @@ def _spmm_spec(csr: torch.Tensor, dense: torch.Tensor, call: OpCall, init: torch
     lengths = np.diff(rows).astype(np.float64)
     cv = round(float(lengths.std() / lengths.mean()), 3) if lengths.size and lengths.mean() > 0 else 0.0
     num_src = int(csr.shape[1])
-    columns = np.bincount(csr.col_indices().detach().to("cpu", torch.int64).numpy(), minlength=num_src)
-    src_cv = round(float(columns.std() / columns.mean()), 3) if columns.mean() > 0 else 0.0
-    src_share = max(round(float((columns > 0).mean()), 3), 0.001)
+    src_cv, src_share = pattern_of_counts(
+        np.bincount(csr.col_indices().detach().to("cpu", torch.int64).numpy(), minlength=num_src))
     if init is not None:
         call.absorbs = init
     return SpmmSpec(max(int(csr._nnz()), 1), int(dense.shape[1]), int(csr.shape[0]), num_src, cv,

@@ -50,7 +50,7 @@ from costmodel.profile import DeviceProfile, ProfileError
 from costmodel.runners import make_runner
 from costmodel.runtime import Runtime
 from costmodel.suite import capped_power_law_counts, power_law_counts
-from costmodel.indices import index_for_share, min_cv_for_share, realised_cv
+from costmodel.indices import column_pattern, index_for_share, min_cv_for_share, realised_cv
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.moe_layer import MoEConfig, _activation_specs, _expert_projections
 
@@ -295,7 +295,8 @@ def gnn_suite(cfgs: Sequence[GNNConfig], *, num_edges: int, cv_range: tuple[floa
                 if min_cv_for_share(share) > cv_src:
                     continue
                 _, src_cv, src_share = index_for_share(num_edges, cfg.num_nodes, cv_src, float(share), seed=1)
-                columns = {"csr_src_cv": round(src_cv, 3), "csr_src_read_share": max(round(src_share, 3), 0.001)}
+                src_cv, src_share = column_pattern(src_cv, src_share)
+                columns = {"csr_src_cv": src_cv, "csr_src_read_share": src_share}
                 out += [s for s in gnn_trace(cfg, dataclasses.replace(plan, **columns)) if s.family == "spmm"]
     seen: dict[str, KernelSpec] = {}
     for s in out:

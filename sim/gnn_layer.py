@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from costmodel import ops
+from costmodel.indices import pattern_of_counts
 from costmodel.kernels import ElementwiseSpec, GatherSpec, GemmSpec, KernelSpec, ScatterSpec, SpmmSpec
 from costmodel.runners import csr_from_index
 from sim.graphs import check_edge_index
@@ -114,9 +115,8 @@ class GraphPlan:
 
 def _csr_facts(src: np.ndarray, dst: np.ndarray, num_nodes: int) -> dict[str, object]:
     pairs = np.unique(dst.astype(np.int64) * num_nodes + src)
-    columns = np.bincount(pairs % num_nodes, minlength=num_nodes)
-    facts: dict[str, object] = {"csr_src_cv": _cv(columns),
-                                "csr_src_read_share": max(round(float((columns > 0).mean()), 3), 0.001)}
+    src_cv, src_share = pattern_of_counts(np.bincount(pairs % num_nodes, minlength=num_nodes))
+    facts: dict[str, object] = {"csr_src_cv": src_cv, "csr_src_read_share": src_share}
     if pairs.size == src.size:
         return facts
     return {**facts, "csr_nnz": int(pairs.size), "csr_row_cv": _cv(np.bincount(pairs // num_nodes, minlength=num_nodes))}
