@@ -223,9 +223,7 @@ def _grouped(call: OpCall) -> KernelSpec:
 def _spmm_spec(csr: torch.Tensor, dense: torch.Tensor, call: OpCall, init: torch.Tensor | None) -> KernelSpec:
     if dense.dim() != 2:
         raise Unmappable("sparse matmul with a non-matrix dense operand")
-    rows = csr.crow_indices().detach().to("cpu", torch.int64).numpy()
-    lengths = np.diff(rows).astype(np.float64)
-    cv = round(float(lengths.std() / lengths.mean()), 3) if lengths.size and lengths.mean() > 0 else 0.0
+    cv, _ = pattern_of_counts(np.diff(csr.crow_indices().detach().to("cpu", torch.int64).numpy()))
     num_src = int(csr.shape[1])
     src_cv, src_share = pattern_of_counts(
         np.bincount(csr.col_indices().detach().to("cpu", torch.int64).numpy(), minlength=num_src))

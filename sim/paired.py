@@ -76,15 +76,12 @@ def paired_order(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) 
     its prediction sums are timed within seconds of each other: the VM's speed phases
     (minutes long, up to 2x here) then move both together instead of biasing their ratio.
     Jobs between the layers and the kernels keep their place at the end."""
+    job_of = {s: first_kernel_job + j for j, s in enumerate(distinct_kernels(traces))}
     order: list[int] = []
-    seen: dict[KernelSpec, int] = {}
     for i, trace in enumerate(traces):
         order.append(i)
-        for spec in trace:
-            if spec not in seen:
-                seen[spec] = first_kernel_job + len(seen)
-                order.append(seen[spec])
-    return order + [j for j in range(len(traces), first_kernel_job)]
+        order += [job_of.pop(s) for s in trace if s in job_of]  # popped: each kernel once, where first used
+    return order + list(range(len(traces), first_kernel_job))
 
 
 @dataclass

@@ -33,6 +33,16 @@ def _fake(seconds: float) -> Measurement:
     return Measurement(times_s=(seconds,) * 3, number_per_run=1, attempts=1, noisy=False, device="cpu", threads=1)
 
 
+def _profiled_long_ago(rt):
+    """A profile of SUITE whose rows are stamped long before any refresh a test records."""
+    profile = rt.open_profile()
+    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    file = profile.path / "measurements.csv"
+    pd.read_csv(file).assign(measured_at="2000-01-01T00:00:00").to_csv(file, index=False)
+    return profile
+
+
 def test_distinct_kernels_keep_first_seen_order():
     a, b, c = GemmSpec(1, 2, 3), SortSpec(8), GemmSpec(4, 5, 6)
     assert distinct_kernels([[a, b, a], [c, b]]) == [a, b, c]
@@ -42,11 +52,7 @@ def test_distinct_kernels_keep_first_seen_order():
 
 
 def test_paired_rows_replace_the_profile_and_are_not_scaled_by_their_own_refresh(rt):
-    profile = rt.open_profile()
-    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
-                  show_progress=False)
-    file = profile.path / "measurements.csv"
-    pd.read_csv(file).assign(measured_at="2000-01-01T00:00:00").to_csv(file, index=False)  # profiled long ago
+    profile = _profiled_long_ago(rt)
     before = profile.kernels().set_index("key")["median_s"]
     paired = [GemmSpec(1, 32, 32), GemmSpec(2, 32, 32)]  # two of the six GEMMs, now 2x and 4x their profiled time
     jobs = [KernelJob(s, rt.device, False) for s in paired]
@@ -71,11 +77,7 @@ def test_paired_rows_replace_the_profile_and_are_not_scaled_by_their_own_refresh
 
 
 def test_a_kernel_whose_rounds_disagree_beyond_the_spread_keeps_its_profiled_rows(rt):
-    profile = rt.open_profile()
-    measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
-                  show_progress=False)
-    file = profile.path / "measurements.csv"
-    pd.read_csv(file).assign(measured_at="2000-01-01T00:00:00").to_csv(file, index=False)  # profiled long ago
+    profile = _profiled_long_ago(rt)
     before = profile.kernels().set_index("key")["median_s"]
     steady, bimodal, new = GemmSpec(1, 32, 32), GemmSpec(2, 32, 32), GemmSpec(3, 32, 32)
     b = before[bimodal.key()]
