@@ -289,13 +289,17 @@ class DeviceProfile:
         frame = self._read()[0]
         return set(frame["key"]) if len(frame) else set()
 
-    def append_measurements(self, rows: Iterable[dict[str, Any]], *, replace: bool = False) -> int:
+    def append_measurements(self, rows: Iterable[dict[str, Any]], *, replace: bool | str = False) -> int:
         """Merge rows into measurements.csv under the profile lock; returns how many were added.
 
-        A (key, round) already present is kept (or, with ``replace``, replaced). The file is
+        A (key, round) already present is kept (or, with ``replace``, replaced; with
+        ``replace="key"`` every older row of a written kernel goes, so a re-measurement with
+        fewer rounds than the last leaves none of the old rounds behind). The file is
         re-read inside the lock, so rows another process wrote meanwhile are kept; rows that
         fail validation are dropped from it and kept in rejected.csv.
         """
+        if replace not in (False, True, "key"):
+            raise ValueError(f"replace must be False, True or 'key', got {replace!r}")
         new = pd.DataFrame(list(rows))
         if new.empty:
             return 0
@@ -305,7 +309,9 @@ class DeviceProfile:
             if len(old):
                 ids_old = old["key"] + "#" + old["round"].astype(int).astype(str)
                 ids_new = new["key"] + "#" + new["round"].astype(int).astype(str)
-                if replace:
+                if replace == "key":
+                    old = old[~old["key"].isin(new["key"])]
+                elif replace:
                     old = old[~ids_old.isin(ids_new)]
                 else:
                     new = new[~ids_new.isin(ids_old)]

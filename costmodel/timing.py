@@ -41,6 +41,15 @@ class TimingConfig:
     max_rel_iqr: float = 0.05  # IQR/median above this counts as noisy and is retried
     retries: int = 2  # extra attempts for a noisy measurement
     rounds: int = 3  # separate passes over a suite or sweep; a kernel's value is the median of its rounds
+    #: interleaved sweeps (``experiments.common.measure_interleaved``): up to this many more
+    #: rounds for the layers whose round medians still differ by more than ``max_round_cv``
+    #: (CV, ddof=1), each re-timed with the kernels its prediction sums. In busy spells of the
+    #: development VM layers' round CV reached 14-24% (results/cpu_epyc/stale_s1: the two worst
+    #: points, 24% off, had round CV 17% and 14%); the median of n rounds errs by about
+    #: 1.25 CV / sqrt(n) (``costmodel.evaluation.measurement_sigma``), so 3 rounds at CV 15%
+    #: leave ~11% of noise in the label and 7 rounds ~7%.
+    extra_rounds: int = 0
+    max_round_cv: float = 0.1
 
     cuda_warmup_ms: float = 25.0  # do_bench's default warm-up budget
     cuda_rep_ms: float = 100.0  # do_bench's default measuring budget
@@ -73,6 +82,10 @@ class TimingConfig:
             raise ValueError(f"timing.max_rel_iqr must be in (0, 1), got {self.max_rel_iqr}")
         if self.rounds < 1:
             raise ValueError(f"timing.rounds must be >= 1, got {self.rounds}")
+        if self.extra_rounds < 0:
+            raise ValueError(f"timing.extra_rounds must be >= 0, got {self.extra_rounds}")
+        if not 0 < self.max_round_cv < 1:
+            raise ValueError(f"timing.max_round_cv must be in (0, 1), got {self.max_round_cv}")
         if self.layer_min_calls < 1:
             raise ValueError(f"timing.layer_min_calls must be >= 1, got {self.layer_min_calls}")
         if self.retries < 0:

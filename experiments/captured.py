@@ -52,15 +52,17 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     in the same rounds as the calls and the models refitted before predicting, as in
     ``experiments.workloads.evaluate_workloads``; ``df.attrs["paired"]`` says what the
     profile as loaded would have scored."""
-    from sim.paired import kernel_jobs, paired_order  # noqa: PLC0415
+    from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415
 
-    jobs = kernel_jobs([w.captured.kernels() for w in workloads], device, cold=timing.cold_cache) if pairing else []
+    traces = [w.captured.kernels() for w in workloads]
+    jobs = kernel_jobs(traces, device, cold=timing.cold_cache) if pairing else []
     n = len(workloads)
     start = time.perf_counter()
     timed = measure_interleaved([w.run for w in workloads] + jobs, device=device, timing=timing,
                                 description=description, progress=progress,
                                 evict=[timing.cold_cache] * n + [False] * len(jobs),
-                                order=paired_order([w.captured.kernels() for w in workloads], n) if jobs else None)
+                                order=paired_order(traces, n) if jobs else None,
+                                watch=range(n), companions=layer_kernel_jobs(traces, n) if jobs else None)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
     df = add_errors(pd.concat([_predicted_rows(model, workloads), measured], axis=1))

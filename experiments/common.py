@@ -222,6 +222,7 @@ def instantiate_sweep(section: Mapping[str, Any], what: str) -> list[tuple[Any, 
 def measure_interleaved(
     jobs: Sequence[Callable[[], Any] | Any], *, device: torch.device, timing: TimingConfig, description: str,
     progress: bool = True, evict: Sequence[bool] | None = None, order: Sequence[int] | None = None,
+    watch: Sequence[int] | None = None, companions: Mapping[int, Sequence[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Time every job in ``timing.rounds`` round-robin passes (each with 1/rounds of the
     time budget, no retries: the rounds are the retries), so slow drift of a shared
@@ -236,6 +237,11 @@ def measure_interleaved(
     rounds; even rounds run it backwards, so a job timed just before another in one round
     is timed just after it in the next, and a steady drift cancels out of their ratio.
     Results are returned in job order whatever the timing order.
+
+    Then, up to ``timing.extra_rounds`` times, the ``watch`` jobs (default: all) whose round
+    medians still have a CV above ``timing.max_round_cv`` get another round, each with its
+    ``companions`` (job indices timed with it, e.g. the kernels a layer's prediction sums),
+    in the same alternating order; ``rounds_timed`` says how many rounds each job got.
     """
     rounds = timing.rounds
     evict = [timing.cold_cache] * len(jobs) if evict is None else list(evict)
@@ -244,28 +250,54 @@ def measure_interleaved(
     forward = list(range(len(jobs))) if order is None else list(order)
     if sorted(forward) != list(range(len(jobs))):
         raise ValueError(f"order must be a permutation of the {len(jobs)} job indices")
+    watched = list(range(len(jobs))) if watch is None else list(watch)
+    companions = dict(companions or {})
     per_round = replace(timing.per_round(), retries=0)
     per_job: list[list[Any]] = [[] for _ in jobs]
+
+    def round_cv(i: int) -> float:
+        medians = np.array([m.median_s for m in per_job[i]])
+        return float(medians.std(ddof=1) / medians.mean()) if len(medians) > 1 else float(per_job[i][0].cv)
+
     bar = make_progress(progress)
+    total = len(jobs) * rounds
     with bar:
-        task = bar.add_task(description, total=len(jobs) * rounds, current="")
-        for r in range(rounds):
+        task = bar.add_task(description, total=total, current="")
+
+        def timed_round(r: int, subset: set[int] | None, label: str) -> None:
             for i in (forward if r % 2 == 0 else forward[::-1]):
+                if subset is not None and i not in subset:
+                    continue
                 job = jobs[i]
-                bar.update(task, current=f"round {r + 1}/{rounds}")
+                bar.update(task, current=label)
                 fn = job.build() if hasattr(job, "build") else job
                 per_job[i].append(measure(fn, device=device, config=per_round, evict_cpu_cache=evict[i]))
                 del fn
                 bar.advance(task)
+
+        for r in range(rounds):
+            timed_round(r, None, f"round {r + 1}/{rounds}")
+        for extra in range(timing.extra_rounds):
+            noisy = [i for i in watched if len(per_job[i]) > 1 and round_cv(i) > timing.max_round_cv]
+            if not noisy:
+                break
+            subset = set(noisy).union(*(companions.get(i, ()) for i in noisy))
+            total += len(subset)
+            bar.update(task, total=total)
+            console.print(f"{description}: {len(noisy)} of {len(watched)} still vary more than "
+                          f"{100 * timing.max_round_cv:.0f}% between rounds: extra round {extra + 1}/"
+                          f"{timing.extra_rounds} ({len(subset)} jobs with their kernels)")
+            timed_round(rounds + extra, subset, f"extra round {extra + 1} ({len(noisy)} noisy)")
     out = []
-    for ms in per_job:
+    for i, ms in enumerate(per_job):
         medians = np.array([m.median_s for m in ms])
         blocks = np.concatenate([np.asarray(m.times_s) for m in ms])
         q1, q3 = np.percentile(blocks, [25, 75])
         out.append({
             "measured_s": float(np.median(medians)),
             "measured_iqr_s": float(q3 - q1),
-            "round_cv": float(medians.std(ddof=1) / medians.mean()) if len(medians) > 1 else float(ms[0].cv),
+            "round_cv": round_cv(i),
+            "rounds_timed": len(ms),
             "noisy": bool(any(m.noisy for m in ms)),
             "rounds": ms,
         })
@@ -318,7 +350,9 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
     if {"round_cv"} <= set(df.columns):
         from costmodel.evaluation import measurement_sigma, noise_floor_median_ape_pct
 
-        sigma = measurement_sigma(df["round_cv"].to_numpy(), np.full(len(df), df.attrs.get("rounds", 1)))
+        rounds = (df["rounds_timed"].to_numpy() if "rounds_timed" in df
+                  else np.full(len(df), df.attrs.get("rounds", 1)))
+        sigma = measurement_sigma(df["round_cv"].to_numpy(), rounds)
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
     return out
 

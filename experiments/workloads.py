@@ -102,17 +102,22 @@ def evaluate_workloads(
     loaded and how far the machine had drifted from the profile are in
     ``df.attrs["paired"]``.
     """
-    from sim.paired import kernel_jobs, paired_order  # noqa: PLC0415 (sim.paired imports the bench)
+    from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415 (sim.paired imports the bench)
 
     predicted = predict_workloads(model, workloads)
     refs = [] if pairing is not None else list(references)
-    jobs = kernel_jobs([w.trace for w in workloads], device, cold=timing.cold_cache) if pairing is not None else []
+    traces = [w.trace for w in workloads]
+    jobs = kernel_jobs(traces, device, cold=timing.cold_cache) if pairing is not None else []
     n = len(workloads)
+    # an extra round re-times a noisy layer with what its check is made of: its own kernels
+    # (paired) or the drift references
+    companions = (layer_kernel_jobs(traces, n) if jobs else {i: list(range(n, n + len(refs))) for i in range(n)})
     start = time.perf_counter()
     timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + jobs, device=device,
                                 timing=timing, description=description, progress=progress,
                                 evict=[timing.cold_cache] * n + [False] * (len(refs) + len(jobs)),
-                                order=paired_order([w.trace for w in workloads], n + len(refs)) if jobs else None)
+                                order=paired_order(traces, n + len(refs)) if jobs else None,
+                                watch=range(n), companions=companions)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
     df = add_errors(pd.concat([predicted, measured], axis=1))

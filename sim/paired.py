@@ -84,6 +84,13 @@ def paired_order(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) 
     return order + list(range(len(traces), first_kernel_job))
 
 
+def layer_kernel_jobs(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) -> dict[int, list[int]]:
+    """Per layer (0..n-1), the job indices of every distinct kernel of its trace, numbered
+    as ``paired_order`` numbers them: what a layer is re-timed with in an extra round."""
+    job_of = {s: first_kernel_job + j for j, s in enumerate(distinct_kernels(traces))}
+    return {i: sorted({job_of[s] for s in trace}) for i, trace in enumerate(traces)}
+
+
 @dataclass
 class PairedResult:
     """What ``record_paired`` wrote and how far the machine was from the profile."""
@@ -128,9 +135,10 @@ UNSTABLE_ROUND_SPREAD = 3.0
 
 def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Sequence[Sequence[Measurement]], *,
                   suite: str, lock_note: Any = None) -> PairedResult:
-    """Write every kernel's per-round measurement into ``profile`` (replacing its rows of
-    those rounds), with a provenance record of the refresh: per family, the median of
-    now/before over the kernels the profile already had (1.0 for a family it had none of)."""
+    """Write every kernel's per-round measurement into ``profile`` (replacing all its older
+    rows: a kernel given extra rounds in a noisy spell has more rounds than the next run's),
+    with a provenance record of the refresh: per family, the median of now/before over the
+    kernels the profile already had (1.0 for a family it had none of)."""
     if len(jobs) != len(rounds):
         raise ValueError(f"{len(jobs)} kernels but {len(rounds)} measurement lists")
     before = profile.kernels()
@@ -162,7 +170,7 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
                     "family_kernels": {f: family_kernels.get(f, 0) for f in families}},
         "measure_lock": lock_note,
     })
-    written = profile.append_measurements(rows, replace=True)
+    written = profile.append_measurements(rows, replace="key")
     q1, med, q3 = np.percentile(table["ratio"], [25, 50, 75]) if len(table) else (None, None, None)
     return PairedResult(kernels=len(jobs), rows=written, family_ratio=family_ratio, family_kernels=family_kernels,
                         ratio_median=None if med is None else float(med),

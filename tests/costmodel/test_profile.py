@@ -39,6 +39,12 @@ def test_rows_are_deduplicated_by_kernel_and_round(profile):
     assert profile.measured_rounds() == {(_key("a"), 0), (_key("a"), 1), (_key("b"), 0)}
     profile.append_measurements([_row("a", 0, 5.0)], replace=True)
     assert sorted(profile.measurements().query(f"key == '{_key('a')}'")["median_s"]) == [3.0, 5.0]
+    # replace="key": a re-measurement supersedes every older round of its kernels, not only its own rounds
+    profile.append_measurements([_row("a", 0, 7.0)], replace="key")
+    assert profile.measurements().query(f"key == '{_key('a')}'")["median_s"].tolist() == [7.0]
+    assert profile.measured_rounds() == {(_key("a"), 0), (_key("b"), 0)}
+    with pytest.raises(ValueError, match="replace must be False, True or 'key'"):
+        profile.append_measurements([_row("a", 0, 7.0)], replace="round")
 
 
 def test_kernels_combine_rounds(profile):

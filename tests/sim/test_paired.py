@@ -3,6 +3,9 @@ are never scaled by their own refresh, and move the other rows of their family."
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 import torch
@@ -14,7 +17,7 @@ from costmodel.timing import Measurement, TimingConfig
 from experiments.common import calibration_options, paired_enabled
 from experiments.workloads import Pairing, Workload, evaluate_workloads
 from sim.calibration import calibrated_model
-from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, paired_order, record_paired
+from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, layer_kernel_jobs, paired_order, record_paired
 
 TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2, layer_min_calls=3)
 SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
@@ -136,6 +139,48 @@ def test_paired_order_puts_each_layer_beside_the_kernels_it_first_uses():
     # jobs: layers 0, 1; one reference (2); kernels a, b, c at 3, 4, 5 (first-seen order)
     assert [s for s in distinct_kernels([[a, b], [b, c]])] == [a, b, c]
     assert paired_order([[a, b], [b, c]], 3) == [0, 3, 4, 1, 5, 2]
+
+
+class _SleepJob:
+    """A job whose n-th timing round sleeps ``durations_s[n]`` a call (``build`` runs once a round)."""
+
+    def __init__(self, durations_s: list[float]):
+        self.durations_s, self.built = durations_s, 0
+
+    def build(self):
+        seconds = self.durations_s[min(self.built, len(self.durations_s) - 1)]
+        self.built += 1
+        return lambda: time.sleep(seconds)
+
+
+def test_extra_rounds_retime_only_the_noisy_watched_jobs_with_their_companions():
+    from experiments.common import measure_interleaved
+
+    noisy = _SleepJob([0.001, 0.006, 0.001, 0.001, 0.001, 0.001])  # round CV (1,6,1 ms) ~1.1, then (1,6,1,1) ~1.1
+    quiet, kernel_of_noisy, kernel_of_quiet = _SleepJob([0.002]), _SleepJob([0.001]), _SleepJob([0.001])
+    jobs = [noisy, quiet, kernel_of_noisy, kernel_of_quiet]
+    timing = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=3, layer_min_calls=1,
+                          extra_rounds=2, max_round_cv=0.5)
+    out = measure_interleaved(jobs, device=torch.device("cpu"), timing=timing, description="t", progress=False,
+                              evict=[False] * 4, watch=[0, 1], companions={0: [2], 1: [3]})
+    assert [o["rounds_timed"] for o in out] == [5, 3, 5, 3]  # two extra rounds, each with the noisy job's kernel
+    assert [j.built for j in jobs] == [5, 3, 5, 3]
+    assert out[0]["measured_s"] == pytest.approx(0.001, rel=0.5)  # the median of five rounds shrugs off the slow one
+    none = measure_interleaved([_SleepJob([0.001, 0.006, 0.001])], device=torch.device("cpu"),
+                               timing=replace(timing, extra_rounds=0), description="t", progress=False, evict=[False])
+    assert none[0]["rounds_timed"] == 3  # extra_rounds=0: the planned rounds only
+
+
+def test_layer_kernel_jobs_number_the_kernels_as_paired_order_does():
+    a, b, c = GemmSpec(1, 32, 32), GemmSpec(2, 32, 32), SortSpec(512)
+    assert layer_kernel_jobs([[a, b, a], [b, c]], 3) == {0: [3, 4], 1: [4, 5]}
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [("extra_rounds", -1, "timing.extra_rounds must be >= 0"),
+                                                       ("max_round_cv", 0.0, r"timing.max_round_cv must be in \(0, 1\)")])
+def test_bad_extra_round_settings_name_the_key(key, value, message):
+    with pytest.raises(ValueError, match=message):
+        TimingConfig(**{key: value})
 
 
 def test_measure_interleaved_alternates_direction_and_returns_job_order():
