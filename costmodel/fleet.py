@@ -46,7 +46,7 @@ from costmodel.console import make_console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from costmodel.device import Fingerprint  # noqa: E402
-from costmodel.models import BYTE_WORK_FAMILIES, kernel_work  # noqa: E402
+from costmodel.models import counted_in_bytes, kernel_work  # noqa: E402
 from costmodel.predictor import CostModel, StaleModelError  # noqa: E402
 from costmodel.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
 
@@ -169,7 +169,7 @@ def efficiency_table(devices: Sequence[Device]) -> pd.DataFrame:
             continue
         work = kernel_work(k)
         rate = work / k["median_s"].to_numpy(dtype=np.float64)
-        by_bytes = k["family"].isin(BYTE_WORK_FAMILIES).to_numpy() | (k["flops"].to_numpy() <= 0)
+        by_bytes = counted_in_bytes(k)
         ceiling = np.where(by_bytes, d.ceilings["bandwidth_bytes_per_s"], d.ceilings["peak_flops_per_s"])
         frame = pd.DataFrame({"family": k["family"], "rate": rate, "share": rate / ceiling, "by_bytes": by_bytes})
         for family, g in frame.groupby("family"):

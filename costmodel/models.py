@@ -40,8 +40,6 @@ from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 from costmodel.features import RANGE_FEATURES, family_features, roofline_time_s
 from costmodel.kernels import families
 
-#: families whose work is counted in bytes by L1 (they do no floating-point arithmetic)
-BYTE_WORK_FAMILIES = ("gather", "sort", "histogram")
 MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median efficiency
 #: L3's log10 efficiency is clipped to the training range widened by this much (x1.26):
 #: no model form may promise an efficiency far outside anything measured on the device
@@ -73,11 +71,16 @@ def ape_pct(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
     return 100.0 * np.abs(np.asarray(predicted) - np.asarray(measured)) / np.asarray(measured)
 
 
+def counted_in_bytes(X: pd.DataFrame) -> np.ndarray:
+    """Kernels that do no floating-point work (their descriptor's ``flops()`` is 0: gather,
+    sort, histogram, copies, fills): their work is their ideal bytes."""
+    return X["flops"].to_numpy() <= 0
+
+
 def kernel_work(X: pd.DataFrame) -> np.ndarray:
-    """FLOPs, or ideal bytes for kernels that do no floating-point work (gather, sort,
-    histogram, copies): the quantity L1 divides by a family's achieved rate."""
-    bytes_work = X["family"].isin(BYTE_WORK_FAMILIES).to_numpy() | (X["flops"].to_numpy() <= 0)
-    return np.where(bytes_work, X["bytes_moved"], X["flops"]).astype(np.float64)
+    """FLOPs, or ideal bytes for kernels that do no floating-point work
+    (``counted_in_bytes``): the quantity L1 divides by a family's achieved rate."""
+    return np.where(counted_in_bytes(X), X["bytes_moved"], X["flops"]).astype(np.float64)
 
 
 class FlopsOverPeak(RegressorMixin, BaseEstimator):
