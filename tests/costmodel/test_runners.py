@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel import runners
+from costmodel import ops, runners
 from costmodel.kernels import (
     ElementwiseSpec, GatherSpec, GemmSpec, GroupedGemmSpec, HistogramSpec, ScatterSpec, SoftmaxSpec, SortSpec, SpmmSpec,
     TopkSpec,
@@ -33,13 +33,13 @@ def test_every_family_runs(spec, cold):
 
 def test_cold_runner_reads_different_operands_each_call(monkeypatch):
     seen: list[tuple[int, int]] = []
-    real = runners.ops.gemm
+    real = ops.gemm
 
     def spy(a, b):
         seen.append((a.data_ptr(), b.data_ptr()))
         return real(a, b)
 
-    monkeypatch.setattr(runners.ops, "gemm", spy)
+    monkeypatch.setattr(ops, "gemm", spy)
     cold, warm = runners.make_runner(GemmSpec(4, 64, 64), cold=True), runners.make_runner(GemmSpec(4, 64, 64))
     for _ in range(10):
         cold()
@@ -56,6 +56,6 @@ def test_gemm_output_has_the_descriptor_shape():
 
 def test_index_put_and_index_add_sum_the_same_rows():
     src, index = torch.randn(6, 3), torch.tensor([0, 2, 2, 4, 0, 0])
-    put = runners.ops.scatter(src, index, 5, reduce="sum", backend="index_put")
-    add = runners.ops.scatter(src, index, 5, reduce="sum", backend="index_add")
+    put = ops.scatter(src, index, 5, reduce="sum", backend="index_put")
+    add = ops.scatter(src, index, 5, reduce="sum", backend="index_add")
     assert torch.allclose(put, add) and put[1].abs().sum() == 0

@@ -1,0 +1,109 @@
+"""The aten side of the kernel-family registry: which aten op is which family, with which
+descriptor fields.
+
+Each family module of ``costmodel.families`` registers its mappers with
+``@register(packets, family=..., note=...)``, as PyTorch registers FLOP formulas per aten op
+(``torch/utils/flop_counter.py``, ``register_flop_formula``). A mapper turns one aten call
+(``OpCall``: the overload, its real arguments and output) into a descriptor, reading from the
+tensors what the cost model needs (tokens per expert of a grouped GEMM, index statistics of a
+gather or scatter), or raises ``Unmappable``. Where no family fits an op well, the entry maps
+it to the nearest family and its ``note`` says so; ``registry_table()`` lists every entry.
+``sim.aten_registry.classify`` is what capture calls for each op.
+
+Index statistics follow ``sim.gnn_layer.GraphPlan`` and ``costmodel.indices``: the CV of
+per-target hit counts (``bincount(index, minlength=targets)``, population std / mean,
+rounded to 3 decimals) and whether the index is ascending.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.families.descriptor import KernelSpec
+
+aten = torch.ops.aten
+
+
+class Unmappable(Exception):
+    """Raised by a mapper when this call's arguments fall outside its family (reason in args)."""
+
+@dataclass
+class OpCall:
+    """One aten call as a mapper sees it: the overload, its arguments and its output."""
+
+    func: Any  # torch._ops.OpOverload
+    args: tuple
+    kwargs: dict
+    out: Any
+    #: set by mappers that fold a preceding fill of their destination into their own kernel
+    absorbs: torch.Tensor | None = None
+
+    def arg(self, i: int, name: str, default: Any = None) -> Any:
+        if len(self.args) > i:
+            return self.args[i]
+        return self.kwargs.get(name, default)
+
+    @property
+    def first_out(self) -> torch.Tensor | None:
+        out = self.out
+        if isinstance(out, (tuple, list)):
+            out = out[0] if out else None
+        return out if isinstance(out, torch.Tensor) else None
+
+Mapper = Callable[[OpCall], KernelSpec]
+
+@dataclass(frozen=True)
+class Entry:
+    family: str
+    mapper: Mapper
+    note: str
+
+_ENTRIES: dict[Any, Entry] = {}
+
+def register(packets: Iterable[Any], *, family: str, note: str = "") -> Callable[[Mapper], Mapper]:
+    """Register ``mapper`` for every aten overload packet in ``packets``."""
+
+    def deco(fn: Mapper) -> Mapper:
+        for p in packets:
+            if p in _ENTRIES:
+                raise ValueError(f"aten op {p} is registered twice (as {_ENTRIES[p].family} and {family})")
+            _ENTRIES[p] = Entry(family, fn, note)
+        return fn
+
+    return deco
+
+def registry_table() -> pd.DataFrame:
+    """Every registered aten op with its family and note (the registry as a table)."""
+    rows = [{"aten_op": str(p), "family": e.family, "note": e.note} for p, e in _ENTRIES.items()]
+    return pd.DataFrame(rows).sort_values(["family", "aten_op"]).reset_index(drop=True)
+
+def entry_for(func: Any) -> Entry | None:
+    return _ENTRIES.get(getattr(func, "overloadpacket", func))
+
+def dtype_name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+def spec_dtype(t: torch.Tensor, allowed: tuple[str, ...]) -> str:
+    name = dtype_name(t)
+    if name not in allowed:
+        raise Unmappable(f"dtype {name} is not one of the family's dtypes {list(allowed)}")
+    return name
+
+def index_stats(index: torch.Tensor, num_targets: int) -> tuple[float, bool]:
+    """(CV of per-target hit counts, ascending?) of an integer index, read from its values
+    (the statistics ``sim.gnn_layer.GraphPlan`` and ``costmodel.indices`` use)."""
+    idx = index.detach().reshape(-1).to("cpu", torch.int64).numpy()
+    if idx.size == 0:
+        return 0.0, True
+    counts = np.bincount(idx, minlength=max(int(num_targets), 1)).astype(np.float64)
+    cv = float(counts.std() / counts.mean()) if counts.mean() > 0 else 0.0
+    return round(cv, 3), bool(np.all(idx[1:] >= idx[:-1]))
+
+def prod(shape: Iterable[int]) -> int:
+    return int(math.prod(int(s) for s in shape))

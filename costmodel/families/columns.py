@@ -1,0 +1,49 @@
+"""Vectorised helpers for the families' ``features`` functions: columns of a kernel table
+as float arrays, base-10 logs, one-hot encodings, and the index features every aggregation
+family (gather, scatter, spmm) shares."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+from costmodel.families.descriptor import DTYPE_BYTES
+
+
+def log10(x: Any) -> np.ndarray:
+    """log10, with zeros (and below 1e-30) clamped to 1e-30."""
+    return np.log10(np.maximum(np.asarray(x, dtype=np.float64), 1e-30))
+
+
+def column(t: pd.DataFrame, name: str) -> np.ndarray:
+    return t[name].to_numpy(dtype=np.float64)
+
+
+def elem_bytes(t: pd.DataFrame) -> np.ndarray:
+    """Bytes per element of each row's dtype."""
+    return t["dtype"].map(DTYPE_BYTES).to_numpy(dtype=np.float64)
+
+
+def onehot(values: pd.Series, choices: Iterable[str], prefix: str) -> dict[str, np.ndarray]:
+    v = values.astype(str).to_numpy()
+    return {f"{prefix}_{c}": (v == c).astype(np.float64) for c in choices}
+
+
+def flag(values: pd.Series) -> np.ndarray:
+    """A boolean column as read back from CSV (True/False/1/0 as text) -> 0/1."""
+    return values.astype(str).str.lower().isin(["true", "1"]).to_numpy(dtype=np.float64)
+
+
+def aggregation_features(t: pd.DataFrame, rows: np.ndarray, table_rows: np.ndarray) -> dict[str, np.ndarray]:
+    """Scatter volume rows*width*bytes, the table's bytes, width, rows per target and the
+    index CV (skew): the features of gather, scatter and spmm."""
+    width, elem = column(t, "width"), elem_bytes(t)
+    return {
+        "log_rows": log10(rows), "log_width": log10(width), "log_table_rows": log10(table_rows),
+        "log_scatter_volume_bytes": log10(rows * width * elem),
+        "log_table_bytes": log10(table_rows * width * elem),
+        "log_rows_per_target": log10(rows / table_rows),
+        "index_cv": column(t, "index_cv"), "log1p_index_cv": np.log1p(column(t, "index_cv")),
+    }

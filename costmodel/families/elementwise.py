@@ -1,0 +1,266 @@
+"""Elementwise: one pass over the data (activations, add, scale, copies, fills), and the
+nearest-family home of every pointwise aten op, copy, fill and reduction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.families.aten_map import Entry, OpCall, Unmappable, aten, dtype_name, register, spec_dtype
+from costmodel.families.columns import column, log10, onehot
+from costmodel.families.descriptor import FLOAT_DTYPES, KernelSpec, check_choice, check_positive
+from costmodel.families.inputs import randn
+from costmodel.families.registry import SuiteContext, grid, register_family
+
+
+# ----------------------------------------------------------------------------- descriptor
+
+
+#: op -> (full-size tensor inputs, FLOPs per output element). FLOPs follow the defining
+#: formula with a transcendental counted as one FLOP: silu(x) = x / (1 + exp(-x)) is
+#: exp, add, div, mul... counted 4; gelu(tanh form) 0.5x(1+tanh(0.797(x+0.0447x^3))) 8.
+ELEMENTWISE_OPS: dict[str, tuple[int, int]] = {
+    "relu": (1, 1),
+    "silu": (1, 4),
+    "gelu": (1, 8),
+    "sigmoid": (1, 3),
+    "add": (2, 1),
+    "mul": (2, 1),
+    "scale": (1, 1),  # x * (broadcast row/column vector or scalar)
+    "floordiv": (1, 1),
+    "copy": (1, 0),
+    "fill": (0, 0),
+}
+
+
+@dataclass(frozen=True)
+class ElementwiseSpec(KernelSpec):
+    """out[numel] = op(inputs...), one pass over the data (activation, add, scale, fill)."""
+
+    family: ClassVar[str] = "elementwise"
+    allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64", "int32")
+    op: str
+    numel: int
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_choice(self, "op", tuple(ELEMENTWISE_OPS))
+        check_positive(self, "numel")
+
+    def flops(self) -> float:
+        return float(ELEMENTWISE_OPS[self.op][1] * self.numel)
+
+    def bytes_moved(self) -> float:
+        # Each full-size input read once, the output written once (seed article 19.2.2: 6N
+        # bytes for a bf16 add).
+        n_inputs = ELEMENTWISE_OPS[self.op][0]
+        return float((n_inputs + 1) * self.numel * self.elem_bytes)
+
+
+# ----------------------------------------------------------------------------- suite
+
+
+def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSpec]]:
+    """Op x numel (floordiv on int64 ids, as the MoE dispatch uses it)."""
+    return [("grid", ElementwiseSpec(op, numel, "int64" if op == "floordiv" else ctx.dtype))
+            for op, numel in grid(cfg, "op", "numel")]
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def build(spec: ElementwiseSpec, device: torch.device, gen: torch.Generator,
+          seed: int) -> tuple[Callable[..., Any], tuple]:
+    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
+
+    n_inputs = ELEMENTWISE_OPS[spec.op][0]
+    if spec.dtype in ("int64", "int32"):
+        x = torch.randint(0, 1 << 20, (spec.numel,), generator=gen).to(device=device, dtype=getattr(torch, spec.dtype))
+        second: Any = 7
+    else:
+        x = randn((spec.numel,), spec.dtype, device, gen)
+        second = randn((spec.numel,), spec.dtype, device, gen) if n_inputs == 2 else randn((1,), spec.dtype, device, gen)
+    op = spec.op
+
+    def run_elementwise(a: Any, b: Any) -> torch.Tensor:
+        return ops.elementwise(op, a, b)
+
+    return run_elementwise, (x, second)
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Its size and op kind."""
+    return {"log_numel": log10(column(t, "numel")), **onehot(t["op"], tuple(ELEMENTWISE_OPS), "op")}
+
+
+# ----------------------------------------------------------------------------- aten ops
+
+
+@register([aten.scatter_, aten.scatter], family="elementwise",
+          note="nearest family: a plain scatter (one_hot, masks) writes index.numel() elements: an "
+               "elementwise copy of that many")
+def _scatter_plain(call: OpCall) -> KernelSpec:
+    dest, index = call.args[0], call.args[2]
+    return ElementwiseSpec("copy", max(int(index.numel()), 1), spec_dtype(dest, ElementwiseSpec.allowed_dtypes))
+
+
+def _out_numel(call: OpCall) -> int:
+    out = call.first_out
+    if out is None:
+        out = call.args[0]
+    return max(int(out.numel()), 1)
+
+
+def _elementwise(op: str, call: OpCall, dtype_from: torch.Tensor | None = None) -> KernelSpec:
+    ref = dtype_from if dtype_from is not None else (call.first_out if call.first_out is not None else call.args[0])
+    return ElementwiseSpec(op, _out_numel(call), spec_dtype(ref, ElementwiseSpec.allowed_dtypes))
+
+
+@register([aten.zeros, aten.zeros_like, aten.ones, aten.ones_like, aten.full, aten.full_like, aten.fill_,
+           aten.fill, aten.zero_, aten.new_zeros, aten.new_ones, aten.new_full, aten.arange,
+           aten.scalar_tensor],
+          family="elementwise", note="op fill; a fill consumed by the next scatter or spmm into the same tensor "
+                                     "is folded into that kernel (the suite times them together)")
+def _fill(call: OpCall) -> KernelSpec:
+    return _elementwise("fill", call)
+
+
+@register([aten.clone, aten._to_copy, aten.copy_, aten.copy, aten.repeat, aten.cat, aten.stack, aten.flip, aten.roll,
+           aten.constant_pad_nd, aten.tril, aten.triu, aten.masked_fill, aten.masked_fill_],
+          family="elementwise", note="op copy (one read, one write); dtype conversions, cat, repeat, pad, "
+                                     "masked_fill as the nearest copy")
+def _copy(call: OpCall) -> KernelSpec:
+    return _elementwise("copy", call)
+
+
+@register([aten.slice_backward, aten.select_backward], family="elementwise",
+          note="op fill of the output numel: the pass that zeroes the full-size gradient dominates (the "
+               "slice copied into it is 1/E of it for one expert's weight slice); a copy of the output numel "
+               "would read a full-size input that does not exist (2x: eager MoE backward)")
+def _slice_backward(call: OpCall) -> KernelSpec:
+    return _elementwise("fill", call)
+
+
+@register([aten.nll_loss_backward], family="elementwise",
+          note="nearest: writes the zeroed [N, C] input gradient: op fill of N*C")
+def _nll_backward(call: OpCall) -> KernelSpec:
+    return _elementwise("fill", call)
+
+
+@register([aten.cumsum, aten.cumprod], family="elementwise", note="nearest: op scale (one input read, one FLOP per element)")
+def _cumsum(call: OpCall) -> KernelSpec:
+    return _elementwise("scale", call)
+
+
+@register([aten.nonzero], family="elementwise",
+          note="nearest: op copy over the input (one read pass, indices written); output size is value-dependent")
+def _nonzero(call: OpCall) -> KernelSpec:
+    x = call.args[0]
+    dt = dtype_name(x) if dtype_name(x) in ElementwiseSpec.allowed_dtypes else "int64"
+    return ElementwiseSpec("copy", max(int(x.numel()), 1), dt)
+
+
+@register([aten.sum, aten.mean, aten.amax, aten.amin, aten.max, aten.min, aten.argmax, aten.argmin, aten.prod,
+           aten.norm, aten.linalg_vector_norm, aten.var, aten.std, aten.var_mean, aten.any, aten.all,
+           aten.logsumexp, aten.aminmax, aten.count_nonzero],
+          family="elementwise", note="nearest: a reduction is one streaming read of its input: op fill over "
+                                     "the input's numel (numel*bytes, the same ideal traffic)")
+def _reduction(call: OpCall) -> KernelSpec:
+    x = call.args[0]
+    dt = dtype_name(x)
+    if dt == "bool":
+        dt = "int64" if x.numel() < 8 else dt  # a tiny mask: nearest int dtype (size barely matters)
+    if dt not in ElementwiseSpec.allowed_dtypes:
+        raise Unmappable(f"dtype {dt} is not one of the family's dtypes")
+    return ElementwiseSpec("fill", max(int(x.numel()), 1), dt)
+
+
+@register([aten.floor_divide, aten.remainder], family="elementwise", note="op floordiv (one full input)")
+def _floordiv(call: OpCall) -> KernelSpec:
+    ref = call.args[0]
+    return _elementwise("floordiv", call, dtype_from=ref if dtype_name(ref) in ElementwiseSpec.allowed_dtypes else None)
+
+
+# pointwise ops: classified by name into the nearest ElementwiseSpec op
+_UNARY_NAMED = {"relu": "relu", "silu": "silu", "gelu": "gelu", "sigmoid": "sigmoid"}
+
+
+_TRANSCENDENTAL = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "erf", "erfc", "erfinv",
+                   "rsqrt", "sqrt", "sin", "cos", "tan", "pow", "reciprocal", "softplus", "elu", "mish",
+                   "hardswish", "hardsigmoid", "leaky_relu", "logit", "atan", "asin", "acos", "sinh", "cosh",
+                   "sign", "sgn", "lgamma", "digamma"}
+
+
+_ADD_LIKE = {"add", "sub", "rsub", "maximum", "minimum", "fmax", "fmin", "eq", "ne", "lt", "le", "gt", "ge",
+             "bitwise_and", "bitwise_or", "bitwise_xor", "logical_and", "logical_or", "logical_xor", "remainder",
+             "fmod", "atan2", "hypot", "copysign", "threshold"}
+
+
+_MUL_LIKE = {"mul", "div", "true_divide", "floor_divide", "xlogy"}
+
+
+def _pointwise_op(name: str, call: OpCall) -> str:
+    """The nearest ElementwiseSpec op for a pointwise aten op."""
+    base = name.rstrip("_")
+    tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
+    out_numel = _out_numel(call)
+    full = [t for t in tensors if t.numel() == out_numel]
+    if base in _UNARY_NAMED:
+        return _UNARY_NAMED[base]
+    if base.endswith("_backward"):
+        return "mul" if len(full) >= 2 else "scale"
+    if base in ("where", "addcmul", "addcdiv", "lerp", "clamp", "clip") and len(full) >= 2:
+        return "add"  # ternary: nearest with two full-size inputs (a third, often smaller, is not counted)
+    if len(tensors) <= 1 or len(full) <= 1:
+        if base in _TRANSCENDENTAL:
+            return "sigmoid"  # one input, a few FLOPs (a transcendental counted as one)
+        return "scale" if len(tensors) == 2 or base in _MUL_LIKE | _ADD_LIKE else "relu"
+    if base in _MUL_LIKE:
+        return "mul"
+    return "add"
+
+
+class _PointwiseMapper:
+    def __call__(self, call: OpCall) -> KernelSpec:
+        name = call.func.overloadpacket.__name__
+        tensors = [a for a in call.args if isinstance(a, torch.Tensor)]
+        allowed = ElementwiseSpec.allowed_dtypes
+        # the compute dtype: a float input first (comparisons write bool), else any input the family knows
+        ref = next((t for t in tensors if t.is_floating_point() and dtype_name(t) in allowed), None)
+        ref = ref if ref is not None else next((t for t in tensors if dtype_name(t) in allowed), None)
+        return _elementwise(_pointwise_op(name, call), call, dtype_from=ref)
+
+
+POINTWISE_NOTE = ("any op tagged torch.Tag.pointwise: relu/silu/gelu/sigmoid by name; other transcendental unary "
+                  "ops as sigmoid; binary ops as add or mul (both inputs full size) or scale (one broadcast); "
+                  "ternary (where, addcmul, lerp) as add (nearest: the third input is not counted); "
+                  "*_backward ops as mul; comparisons counted in the input's float dtype")
+
+
+_POINTWISE = _PointwiseMapper()
+
+
+def pointwise_entry(func: Any) -> Entry | None:
+    """Registry entry for ops tagged pointwise by PyTorch (native_functions.yaml tags)."""
+    if torch.Tag.pointwise in getattr(func, "tags", ()):
+        return Entry("elementwise", _POINTWISE, POINTWISE_NOTE)
+    return None
+
+
+_BACKWARD_POINTWISE = [getattr(aten, n) for n in ("threshold_backward", "silu_backward", "gelu_backward",
+                                                  "sigmoid_backward", "tanh_backward", "hardswish_backward",
+                                                  "leaky_relu_backward", "elu_backward") if hasattr(aten, n)]
+
+
+register(_BACKWARD_POINTWISE, family="elementwise", note=POINTWISE_NOTE)(_POINTWISE)
+
+
+register_family(ElementwiseSpec, suite=suite, build=build, features=features)

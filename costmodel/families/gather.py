@@ -1,0 +1,148 @@
+"""Gather: out[E, F] = src[index] (``index_select`` on rows; aten ``index_select``,
+``embedding``, advanced indexing ``index``, ``gather``, and ``nll_loss`` as the nearest)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.families.aten_map import OpCall, Unmappable, aten, index_stats, prod, register, spec_dtype
+from costmodel.families.columns import aggregation_features, column, flag
+from costmodel.families.descriptor import FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_cv, check_positive
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.inputs import randn, skewed_index
+from costmodel.families.registry import SuiteContext, grid, register_family
+from costmodel.indices import realised_cv
+
+
+# ----------------------------------------------------------------------------- descriptor
+
+
+@dataclass(frozen=True)
+class GatherSpec(KernelSpec):
+    """out[E, F] = src[index] with index[E] in [0, num_src) (``index_select`` on rows).
+
+    ``index_cv`` is the coefficient of variation of how often each source row is read
+    (0 = every row equally often; large = a few hot rows), ``sorted`` whether the index
+    is ascending.
+    """
+
+    family: ClassVar[str] = "gather"
+    allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64",)
+    num_rows: int
+    width: int
+    num_src: int
+    index_cv: float = 0.0
+    sorted: bool = False
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self, "num_rows", "width", "num_src")
+        check_cv(self, "index_cv")
+
+    def flops(self) -> float:
+        return 0.0  # pure data movement
+
+    def bytes_moved(self) -> float:
+        # E*F elements read and written, plus the E-entry int64 index read once.
+        return float(2 * self.num_rows * self.width * self.elem_bytes + self.num_rows * INDEX_BYTES)
+
+    def intensity(self) -> float:
+        return 0.0
+
+
+# ----------------------------------------------------------------------------- suite
+
+
+def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSpec]]:
+    """Rows x width x sources x index CV (as realised by the runner's index) x order."""
+    return [("grid", GatherSpec(rows, width, src, realised_cv(rows, src, cv, sorted=bool(srt)), bool(srt), ctx.dtype))
+            for rows, width, src, cv, srt in grid(cfg, "num_rows", "width", "num_src", "index_cv", "sorted")]
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def build(spec: GatherSpec, device: torch.device, gen: torch.Generator, seed: int) -> tuple[Callable[..., Any], tuple]:
+    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
+
+    src = randn((spec.num_src, spec.width) if spec.width > 1 else (spec.num_src,), spec.dtype, device, gen)
+    return ops.gather, (src, skewed_index(spec.num_rows, spec.num_src, spec.index_cv, spec.sorted, seed, device))
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The aggregation features over the rows read, and whether the index is ascending."""
+    return {**aggregation_features(t, column(t, "num_rows"), column(t, "num_src")), "sorted": flag(t["sorted"])}
+
+
+# ----------------------------------------------------------------------------- aten ops
+
+
+def _gather_spec(index: torch.Tensor, width: int, num_src: int, src: torch.Tensor) -> KernelSpec:
+    if index.dtype == torch.bool:
+        raise Unmappable("boolean-mask indexing")
+    cv, ascending = index_stats(index, num_src)
+    return GatherSpec(max(int(index.numel()), 1), max(int(width), 1), max(int(num_src), 1), cv, ascending,
+                      spec_dtype(src, GatherSpec.allowed_dtypes))
+
+
+@register([aten.index_select], family="gather", note="rows of dim 0; other dims as rows of the outer block")
+def _index_select(call: OpCall) -> KernelSpec:
+    src, dim, index = call.args[0], call.args[1] % max(call.args[0].dim(), 1), call.args[2]
+    width = prod(src.shape[dim + 1:])
+    if dim != 0:
+        raise Unmappable("index_select along a dim other than 0")
+    return _gather_spec(index, width, int(src.shape[0]) if src.dim() else 1, src)
+
+
+@register([aten.embedding], family="gather", note="embedding lookup = row gather of the weight table")
+def _embedding(call: OpCall) -> KernelSpec:
+    weight, indices = call.args[0], call.args[1]
+    return _gather_spec(indices, int(weight.shape[1]), int(weight.shape[0]), weight)
+
+
+@register([aten.index], family="gather",
+          note="advanced indexing x[idx] (or x[i, j] on leading dims: rows of the flattened block at the linear "
+               "index); boolean masks and indices after a full slice as the nearest elementwise copy of the input")
+def _index(call: OpCall) -> KernelSpec:
+    src, indices = call.args[0], list(call.args[1])
+    while indices and indices[-1] is None:
+        indices.pop()
+    if not indices or any(i is None or i.dtype == torch.bool for i in indices):
+        # boolean masks (compaction) and indices after a full slice: nearest, one copy pass of the input
+        return ElementwiseSpec("copy", max(int(src.numel()), 1), spec_dtype(src, ElementwiseSpec.allowed_dtypes))
+    if len(indices) == 1:
+        return _gather_spec(indices[0], prod(src.shape[1:]), int(src.shape[0]), src)
+    # x[i, j, ...] on the leading dims: rows of the flattened leading block, at the linear index
+    lead = [int(s) for s in src.shape[:len(indices)]]
+    idx = torch.broadcast_tensors(*[i.detach().to("cpu", torch.int64) for i in indices])
+    linear = torch.zeros_like(idx[0])
+    for i, size in zip(idx, lead):
+        linear = linear * size + i
+    return _gather_spec(linear, prod(src.shape[len(indices):]), prod(lead), src)
+
+
+@register([aten.gather], family="gather",
+          note="nearest family: element-wise gather along a dim as index.numel() rows of width 1 out of "
+               "size(dim) sources")
+def _gather(call: OpCall) -> KernelSpec:
+    src, dim, index = call.args[0], call.args[1], call.args[2]
+    return _gather_spec(index, 1, int(src.shape[dim]) if src.dim() else 1, src)
+
+
+@register([aten.nll_loss_forward], family="gather",
+          note="nearest: picks one log-probability per row: a gather of N rows of width 1 out of C")
+def _nll(call: OpCall) -> KernelSpec:
+    logp, target = call.args[0], call.args[1]
+    return _gather_spec(target.clamp(min=0), 1, int(logp.shape[-1]), logp)
+
+
+register_family(GatherSpec, suite=suite, build=build, features=features)

@@ -1,0 +1,83 @@
+"""Stable sort of n keys with the permutation (``torch.sort``: the MoE dispatch by expert)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Mapping
+
+import numpy as np
+import pandas as pd
+import torch
+
+from costmodel.families.aten_map import OpCall, aten, register, spec_dtype
+from costmodel.families.columns import column, log10
+from costmodel.families.descriptor import FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_positive
+from costmodel.families.inputs import randn
+from costmodel.families.registry import SuiteContext, grid, register_family
+
+
+# ----------------------------------------------------------------------------- descriptor
+
+
+@dataclass(frozen=True)
+class SortSpec(KernelSpec):
+    """Stable sort of n keys, returning sorted values and the permutation (``torch.sort``)."""
+
+    family: ClassVar[str] = "sort"
+    allowed_dtypes: ClassVar[tuple[str, ...]] = FLOAT_DTYPES + ("int64", "int32")
+    n: int
+    dtype: str = "int64"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self, "n")
+
+    def flops(self) -> float:
+        return 0.0  # comparisons and moves only
+
+    def bytes_moved(self) -> float:
+        # Keys read once; sorted keys and int64 permutation written once.
+        return float(self.n * (2 * self.elem_bytes + INDEX_BYTES))
+
+    def intensity(self) -> float:
+        return 0.0
+
+
+# ----------------------------------------------------------------------------- suite
+
+
+def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSpec]]:
+    """int64 keys (expert ids, as the MoE dispatch sorts them)."""
+    return [("grid", SortSpec(n, "int64")) for (n,) in grid(cfg, "n")]
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+def build(spec: SortSpec, device: torch.device, gen: torch.Generator, seed: int) -> tuple[Callable[..., Any], tuple]:
+    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
+
+    if spec.dtype.startswith("int"):
+        keys = torch.randint(0, max(spec.n, 2), (spec.n,), generator=gen).to(device=device, dtype=getattr(torch, spec.dtype))
+    else:
+        keys = randn((spec.n,), spec.dtype, device, gen)
+    return ops.sort, (keys,)
+
+
+# ----------------------------------------------------------------------------- features
+
+
+def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    return {"log_n": log10(column(t, "n"))}
+
+
+# ----------------------------------------------------------------------------- aten ops
+
+
+@register([aten.sort], family="sort", note="argsort lands here; a batched sort along a dim as one sort of numel keys (nearest)")
+def _sort(call: OpCall) -> KernelSpec:
+    x = call.args[0]
+    return SortSpec(max(int(x.numel()), 1), spec_dtype(x, SortSpec.allowed_dtypes))
+
+
+register_family(SortSpec, suite=suite, build=build, features=features)
