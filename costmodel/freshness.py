@@ -15,10 +15,12 @@ aggregation 0.61x, GEMMs far less). So the check is per kernel family:
 
 What a caller does with stale families (``sim.calibration.calibrated_model``): re-measure
 the kernels it needs of those families, and record a *refresh* in the profile's provenance
-(``record_refresh``): when, why, the per-family ratio. Rows of a refreshed family measured
-before the refresh, and not re-measured, enter later fits scaled by that ratio
-(``refresh_scale``), so the profile's coverage of shapes is kept while its level follows
-the machine; the stored measurements themselves are never rewritten.
+(``refresh_entry``): when, why, and per family the ratio new / profiled over the kernels
+it re-measured (``remeasured_scale``; the check's own four-kernel ratio only decides
+whether to refresh). Rows of a refreshed family measured before the refresh, and not
+re-measured, enter later fits scaled by that ratio (``refresh_scale``), so the profile's
+coverage of shapes is kept while its level follows the machine; the stored measurements
+themselves are never rewritten.
 
 The default tolerance (``DEFAULT_TOLERANCE``) is chosen from the measured run-to-run noise
 of these per-family ratios on the development VM: see the README ("Stale profiles").
@@ -75,6 +77,9 @@ class FreshnessReport:
     family_iqr: dict[str, float] = field(default_factory=dict)
     family_kernels: dict[str, int] = field(default_factory=dict)
     stale_families: list[str] = field(default_factory=list)
+    #: per refreshed family, the scale recorded for its older rows: the median of new / profiled
+    #: over the kernels the refresh re-measured (not the quick check's ratio)
+    refresh_scale: dict[str, float] = field(default_factory=dict)
     refreshed_kernels: int = 0
     refreshed_at: str | None = None
     check_wall_s: float = 0.0
@@ -171,15 +176,45 @@ def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: Timi
     return report
 
 
-def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str) -> dict[str, Any]:
+def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str, at: str | None = None,
+                  family_scale: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The provenance entry of a refresh: rows of ``families`` measured before ``at`` are
-    scaled by the family's ratio in later fits (1.0 where no reference was timed)."""
-    at = time.strftime(TIME_FORMAT)
+    scaled by ``family_scale`` in later fits (default: the check's ratio; 1.0 where no
+    reference was timed). ``sim.calibration`` passes the ratio the refresh itself measured
+    (``remeasured_scale``) and the time it started, so the rows it wrote are never scaled."""
+    at = at or time.strftime(TIME_FORMAT)
     report.refreshed_at = at
+    scale = dict(family_scale) if family_scale is not None else {f: report.family_ratio.get(f, 1.0) for f in families}
+    report.refresh_scale = {f: float(scale.get(f, 1.0)) for f in families}
     return {"command": REFRESH_COMMAND, "host": socket.gethostname(), "reason": reason,
             "refresh": {"at": at, "tolerance": report.tolerance, "policy": report.policy,
-                        "family_scale": {f: report.family_ratio.get(f, 1.0) for f in families},
+                        "family_scale": report.refresh_scale,
                         "family_kernels": {f: report.family_kernels.get(f, 0) for f in families}}}
+
+
+def remeasured_scale(before: pd.DataFrame, measurements: pd.DataFrame, keys: Iterable[str], *,
+                     since: str) -> dict[str, float]:
+    """Per family: the median over the re-measured ``keys`` of (median of their rows measured
+    at or after ``since``) / (their median in ``before``, the kernel table as it was fitted).
+
+    This, not the quick check's ratio, is what a refresh records for the family's older rows:
+    it rests on every re-measured kernel and all its rounds. The check times four kernels
+    per family for seconds; on the development VM one of its gather ratios read 201x in a
+    transient (results/cpu_epyc/moe_x1) and, recorded as the scale, multiplied every older
+    gather row by 201 in later fits (the next `gnn_degree` run's profile as loaded: L3 3593%
+    median)."""
+    keys = set(keys)
+    stamped = measurements["measured_at"].notna() if "measured_at" in measurements else False
+    fresh = measurements[stamped & measurements["key"].isin(keys) & (measurements["measured_at"].astype(str) >= since)]
+    if fresh.empty or before.empty:
+        return {}
+    now = fresh.groupby("key")["median_s"].median()
+    old = before.set_index("key")["median_s"]
+    family = before.set_index("key")["family"]
+    common = now.index.intersection(old.index)
+    ratios = pd.DataFrame({"family": family[common], "ratio": now[common] / old[common]})
+    ratios = ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
+    return {f: float(g.median()) for f, g in ratios.groupby("family")["ratio"]}
 
 
 def refreshes(provenance: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

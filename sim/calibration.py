@@ -30,7 +30,8 @@ from costmodel.console import make_console
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.ceilings import ensure_ceilings
 from costmodel.freshness import (
-    DEFAULT_TOLERANCE, FreshnessReport, check_freshness, check_policy, check_tolerance, last_writer_host, refresh_entry,
+    DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, last_writer_host,
+    refresh_entry, remeasured_scale,
 )
 from costmodel.kernels import (
     ElementwiseSpec,
@@ -111,14 +112,19 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                 why = (f"calibration.refresh=always before {suite_name}" if policy == "always" else
                        f"{suite_name}: families beyond ±{100 * tolerance:.0f}%: "
                        + ", ".join(f"{f} {report.family_ratio[f]:.2f}x" for f in report.stale_families))
-                entry = refresh_entry(report, report.stale_families, reason=why)
-                profile.add_provenance({**entry, "measure_lock": lock_note})  # before re-measuring
                 console.print(f"refreshing: re-measuring {len(stale)} kernels of {', '.join(report.stale_families)} "
                               f"({why}); older rows of these families are scaled by their drift in the fit")
+                at = time.strftime(TIME_FORMAT)  # rows measured from here on are the refresh's: never scaled by it
                 start = time.perf_counter()
                 result = measure_specs(stale, profile, device=rt.device, timing=rt.timing, limits=limits,
                                        suite=suite_name, show_progress=progress, remeasure=True)
                 report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
+                scale = remeasured_scale(before, profile.measurements(), {s.key() for _, s in stale}, since=at)
+                entry = refresh_entry(report, report.stale_families, reason=why, at=at,
+                                      family_scale={f: scale.get(f, 1.0) for f in report.stale_families})
+                profile.add_provenance({**entry, "measure_lock": lock_note})
+                console.print("refresh: older rows scaled by what the re-measured kernels took against the profile: "
+                              + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))
     else:
         console.print(report.describe())
     try:

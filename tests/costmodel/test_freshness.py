@@ -8,6 +8,7 @@ import pytest
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.freshness import (
     check_freshness, check_policy, check_tolerance, is_stale, pick_references, refresh_entry, refresh_scale,
+    remeasured_scale,
     FreshnessReport,
 )
 from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
@@ -134,3 +135,39 @@ def test_rows_not_remeasured_follow_the_family_drift(rt):
     assert after.loc[sort_keys, "median_s"].tolist() == pytest.approx((before[sort_keys] * 0.5).tolist())
     assert after.loc[other, "median_s"].tolist() == pytest.approx(before[other].tolist())
     assert profile.content_hash() != hash_before  # a fitted model sees the refresh as new data
+
+
+def test_remeasured_scale_is_the_median_new_over_profiled_per_family():
+    before = pd.DataFrame({"key": ["a", "b", "c", "d"], "family": ["gemm", "gemm", "gemm", "sort"],
+                           "median_s": [1.0, 2.0, 4.0, 10.0]})
+    raw = pd.DataFrame({"key": ["a", "a", "b", "c", "d", "d"],
+                        "measured_at": ["2026-01-02T00:00:00", "2026-01-02T00:00:01", "2026-01-02T00:00:00",
+                                        "2025-12-31T00:00:00", "2026-01-02T00:00:00", None],
+                        "median_s": [2.0, 4.0, 5.0, 400.0, 5.0, 999.0]})
+    # a: median(2, 4) / 1 = 3; b: 5 / 2 = 2.5; c measured before the refresh: not counted;
+    # d: its unstamped row is not the refresh's, 5 / 10 = 0.5
+    scale = remeasured_scale(before, raw, ["a", "b", "c", "d"], since="2026-01-01T00:00:00")
+    assert scale == pytest.approx({"gemm": 2.75, "sort": 0.5})
+    assert remeasured_scale(before, raw, ["zz"], since="2026-01-01T00:00:00") == {}
+
+
+def test_a_refresh_records_what_it_re_measured_not_the_quick_checks_ratio(rt, monkeypatch):
+    import sim.calibration as calibration
+
+    profile = rt.open_profile()
+    calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")
+    _scale_profile_times(profile, 3.0)
+    real = calibration.check_freshness
+
+    def transient(*args, **kwargs):  # the check caught a 200x hiccup of one family
+        report = real(*args, **kwargs)
+        report.family_ratio["sort"] = 200.0
+        return report
+
+    monkeypatch.setattr(calibration, "check_freshness", transient)
+    model = calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="auto", tolerance=0.5)
+    entry = [e for e in profile.provenance() if e["command"] == "freshness refresh"][-1]
+    scale = entry["refresh"]["family_scale"]
+    assert set(scale) == {"gemm", "histogram", "sort"}
+    assert 0.1 < scale["sort"] < 0.7, scale  # ~1/3: the re-measured kernels against the 3x profile, not 200
+    assert model.freshness["refresh_scale"] == scale and model.freshness["family_ratio"]["sort"] == 200.0
