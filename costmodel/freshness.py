@@ -15,12 +15,14 @@ aggregation 0.61x, GEMMs far less). So the check is per kernel family:
 
 What a caller does with stale families (``sim.calibration.calibrated_model``): re-measure
 the kernels it needs of those families, and record a *refresh* in the profile's provenance
-(``refresh_entry``): when, why, and per family the ratio new / profiled over the kernels
-it re-measured (``remeasured_scale``; the check's own four-kernel ratio only decides
-whether to refresh). Rows of a refreshed family measured before the refresh, and not
-re-measured, enter later fits scaled by that ratio (``refresh_scale``), so the profile's
-coverage of shapes is kept while its level follows the machine; the stored measurements
-themselves are never rewritten.
+(``refresh_entry``): when, why, and per family and latency regime (the decade of a
+kernel's time, ``regime_of``) the ratio new / profiled over the kernels it re-measured
+(``remeasured_ratios``; the check's own four-kernel ratio only decides whether to
+refresh). Rows of a refreshed family measured before the refresh, and not re-measured,
+enter later fits scaled by the ratio of their own regime (``refresh_scale``; a regime the
+refresh re-measured nothing in is left as it was), so the profile's coverage of shapes is
+kept while its level follows the machine; the stored measurements themselves are never
+rewritten.
 
 The default tolerance (``DEFAULT_TOLERANCE``) is chosen from the measured run-to-run noise
 of these per-family ratios on the development VM: see the README ("Stale profiles").
@@ -177,19 +179,65 @@ def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: Timi
 
 
 def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str, at: str | None = None,
-                  family_scale: Mapping[str, float] | None = None) -> dict[str, Any]:
+                  family_scale: Mapping[str, float] | None = None,
+                  regime_scale: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The provenance entry of a refresh: rows of ``families`` measured before ``at`` are
     scaled by ``family_scale`` in later fits (default: the check's ratio; 1.0 where no
     reference was timed). ``sim.calibration`` passes the ratio the refresh itself measured
-    (``remeasured_scale``) and the time it started, so the rows it wrote are never scaled."""
+    (``remeasured_ratios``) per family and per latency regime, and the time it started, so
+    the rows it wrote are never scaled; with ``regime_scale`` only older rows in a regime
+    the refresh re-measured are scaled (``refresh_scale``)."""
     at = at or time.strftime(TIME_FORMAT)
     report.refreshed_at = at
     scale = dict(family_scale) if family_scale is not None else {f: report.family_ratio.get(f, 1.0) for f in families}
     report.refresh_scale = {f: float(scale.get(f, 1.0)) for f in families}
-    return {"command": REFRESH_COMMAND, "host": socket.gethostname(), "reason": reason,
-            "refresh": {"at": at, "tolerance": report.tolerance, "policy": report.policy,
-                        "family_scale": report.refresh_scale,
-                        "family_kernels": {f: report.family_kernels.get(f, 0) for f in families}}}
+    refresh = {"at": at, "tolerance": report.tolerance, "policy": report.policy, "family_scale": report.refresh_scale,
+               "family_kernels": {f: report.family_kernels.get(f, 0) for f in families}}
+    if regime_scale is not None:
+        refresh["regime_scale"] = {f: dict(regime_scale.get(f, {})) for f in families}
+    return {"command": REFRESH_COMMAND, "host": socket.gethostname(), "reason": reason, "refresh": refresh}
+
+
+def regime_of(seconds: Any) -> np.ndarray:
+    """A kernel's latency regime: the decade of its time (floor(log10 s): -5 is 10-100 us).
+
+    Drift is shared within a regime, not within a family: the same `scatter` family held
+    64-row MoE combines (tens of us, overhead-bound) and 500k-edge GNN aggregations
+    (milliseconds, bandwidth-bound), and one family factor from either run, applied to all
+    older scatter rows, rescaled the other's: three `gnn_degree` runs left the profile's MoE
+    scatters at 1/6.9 of what `hf_moe` then measured (results/cpu_epyc/hf_moe_x1)."""
+    return np.floor(np.log10(np.maximum(np.asarray(seconds, dtype=np.float64), 1e-12))).astype(int)
+
+
+def regime_scales(ratios: pd.DataFrame) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """(per family, per family and regime) median ratio of a table with ``family``,
+    ``regime`` and ``ratio`` columns (regimes as text keys, for JSON)."""
+    if ratios.empty:
+        return {}, {}
+    family = {f: float(g.median()) for f, g in ratios.groupby("family")["ratio"]}
+    regime: dict[str, dict[str, float]] = {}
+    for (f, r), g in ratios.groupby(["family", "regime"])["ratio"]:
+        regime.setdefault(str(f), {})[str(int(r))] = float(g.median())
+    return family, regime
+
+
+def remeasured_ratios(before: pd.DataFrame, measurements: pd.DataFrame, keys: Iterable[str], *,
+                      since: str) -> pd.DataFrame:
+    """Per re-measured kernel of ``keys``: family, regime (of its time in ``before``) and the
+    ratio (median of its rows measured at or after ``since``) / (its median in ``before``,
+    the kernel table as it was fitted)."""
+    keys = set(keys)
+    empty = pd.DataFrame(columns=["family", "regime", "ratio"])
+    stamped = measurements["measured_at"].notna() if "measured_at" in measurements else False
+    fresh = measurements[stamped & measurements["key"].isin(keys) & (measurements["measured_at"].astype(str) >= since)]
+    if fresh.empty or before.empty:
+        return empty
+    now = fresh.groupby("key")["median_s"].median()
+    old = before.set_index("key")["median_s"]
+    family = before.set_index("key")["family"]
+    common = now.index.intersection(old.index)
+    ratios = pd.DataFrame({"family": family[common], "regime": regime_of(old[common]), "ratio": now[common] / old[common]})
+    return ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
 
 
 def remeasured_scale(before: pd.DataFrame, measurements: pd.DataFrame, keys: Iterable[str], *,
@@ -203,18 +251,7 @@ def remeasured_scale(before: pd.DataFrame, measurements: pd.DataFrame, keys: Ite
     transient (results/cpu_epyc/moe_x1) and, recorded as the scale, multiplied every older
     gather row by 201 in later fits (the next `gnn_degree` run's profile as loaded: L3 3593%
     median)."""
-    keys = set(keys)
-    stamped = measurements["measured_at"].notna() if "measured_at" in measurements else False
-    fresh = measurements[stamped & measurements["key"].isin(keys) & (measurements["measured_at"].astype(str) >= since)]
-    if fresh.empty or before.empty:
-        return {}
-    now = fresh.groupby("key")["median_s"].median()
-    old = before.set_index("key")["median_s"]
-    family = before.set_index("key")["family"]
-    common = now.index.intersection(old.index)
-    ratios = pd.DataFrame({"family": family[common], "ratio": now[common] / old[common]})
-    ratios = ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
-    return {f: float(g.median()) for f, g in ratios.groupby("family")["ratio"]}
+    return regime_scales(remeasured_ratios(before, measurements, keys, since=since))[0]
 
 
 def refreshes(provenance: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -224,18 +261,30 @@ def refreshes(provenance: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 def refresh_scale(measurements: pd.DataFrame, provenance: Sequence[Mapping[str, Any]]) -> np.ndarray:
     """Per measured row: the product of the scales of every refresh of its family recorded
-    after the row was measured (1.0 for rows measured since, or never refreshed)."""
+    after the row was measured (1.0 for rows measured since, or never refreshed).
+
+    A refresh with a ``regime_scale`` (every refresh since regimes were introduced) scales an
+    older row only by the ratio of its own latency regime (``regime_of`` its time as scaled
+    so far) and leaves rows of regimes it re-measured nothing in unscaled; older records
+    scale every older row of the family by ``family_scale``."""
     scale = np.ones(len(measurements))
     if not len(measurements):
         return scale
     when = measurements["measured_at"].astype(str).to_numpy() if "measured_at" in measurements else None
     family = measurements["family"].astype(str).to_numpy()
+    seconds = measurements["median_s"].to_numpy(dtype=np.float64) if "median_s" in measurements else None
     for rec in refreshes(provenance):
+        by_regime = rec.get("regime_scale")
         for fam, factor in rec.get("family_scale", {}).items():
             hit = family == fam
             if when is not None:
                 hit &= when < str(rec["at"])
-            scale[hit] *= float(factor)
+            if by_regime is not None and seconds is not None:
+                regimes = regime_of(seconds[hit] * scale[hit])
+                table = by_regime.get(fam, {})
+                scale[hit] *= np.array([float(table.get(str(int(r)), 1.0)) for r in regimes])
+            else:
+                scale[hit] *= float(factor)
     return scale
 
 

@@ -31,7 +31,7 @@ from costmodel.bench import SizeLimits, measure_specs
 from costmodel.ceilings import ensure_ceilings
 from costmodel.freshness import (
     DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, last_writer_host,
-    refresh_entry, remeasured_scale,
+    refresh_entry, regime_scales, remeasured_ratios,
 )
 from costmodel.kernels import (
     ElementwiseSpec,
@@ -119,9 +119,11 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                 result = measure_specs(stale, profile, device=rt.device, timing=rt.timing, limits=limits,
                                        suite=suite_name, show_progress=progress, remeasure=True)
                 report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
-                scale = remeasured_scale(before, profile.measurements(), {s.key() for _, s in stale}, since=at)
+                scale, by_regime = regime_scales(
+                    remeasured_ratios(before, profile.measurements(), {s.key() for _, s in stale}, since=at))
                 entry = refresh_entry(report, report.stale_families, reason=why, at=at,
-                                      family_scale={f: scale.get(f, 1.0) for f in report.stale_families})
+                                      family_scale={f: scale.get(f, 1.0) for f in report.stale_families},
+                                      regime_scale=by_regime)
                 profile.add_provenance({**entry, "measure_lock": lock_note})
                 console.print("refresh: older rows scaled by what the re-measured kernels took against the profile: "
                               + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))

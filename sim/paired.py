@@ -12,8 +12,9 @@ So every distinct kernel of an experiment's traces is timed in the *same* interl
 rounds as its layers (``experiments.common.measure_interleaved``), exactly as the profile
 times kernels (``costmodel.runners.make_runner``, the suite's cold-operand rotation, the
 per-round budget). The rows replace the profile's rows of those kernels, as a refresh does
-(recorded in provenance with the ratio now/before per family, so older rows of those
-families are scaled in later fits, ``costmodel.freshness.refresh_scale``); the models are
+(recorded in provenance with the ratio now/before per family and latency regime, so older
+rows of those families in those regimes are scaled in later fits,
+``costmodel.freshness.refresh_scale``); the models are
 refitted, and the layers are predicted from them. The predictions are the cost model's, not
 the kernel timings summed: L0-L2 use the ceilings, L3 the refitted regression. What the
 profile as loaded predicted is kept beside (``details.paired.profile_as_loaded``), so the
@@ -34,7 +35,7 @@ import pandas as pd
 import torch
 
 from costmodel.bench import measurement_row
-from costmodel.freshness import REFRESH_COMMAND, TIME_FORMAT
+from costmodel.freshness import REFRESH_COMMAND, TIME_FORMAT, regime_of, regime_scales
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import CostModel
 from costmodel.profile import DeviceProfile
@@ -155,9 +156,9 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
             continue
         rows += [{**measurement_row(job.spec, TAG, m.summary(), suite, r), "measured_at": at} for r, m in enumerate(ms)]
         if old and old > 0:
-            ratios.append((job.spec.family, float(np.median(medians)) / float(old)))
-    table = pd.DataFrame(ratios, columns=["family", "ratio"])
-    family_ratio = {f: float(g.median()) for f, g in table.groupby("family")["ratio"]} if len(table) else {}
+            ratios.append((job.spec.family, int(regime_of(old)), float(np.median(medians)) / float(old)))
+    table = pd.DataFrame(ratios, columns=["family", "regime", "ratio"])
+    family_ratio, regime_ratio = regime_scales(table)
     family_kernels = {f: int(n) for f, n in table.groupby("family").size().items()} if len(table) else {}
     families = sorted({j.spec.family for j in jobs})
     # recorded before the rows, as a freshness refresh is: rows of these families measured
@@ -167,6 +168,7 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
         "reason": f"paired calibration: {suite}'s kernels timed in the same rounds as its layers",
         "refresh": {"at": at, "policy": "paired", "tolerance": None,
                     "family_scale": {f: family_ratio.get(f, 1.0) for f in families},
+                    "regime_scale": {f: regime_ratio.get(f, {}) for f in families},
                     "family_kernels": {f: family_kernels.get(f, 0) for f in families}},
         "measure_lock": lock_note,
     })

@@ -8,7 +8,7 @@ import pytest
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.freshness import (
     check_freshness, check_policy, check_tolerance, is_stale, pick_references, refresh_entry, refresh_scale,
-    remeasured_scale,
+    regime_of, remeasured_scale,
     FreshnessReport,
 )
 from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
@@ -171,3 +171,22 @@ def test_a_refresh_records_what_it_re_measured_not_the_quick_checks_ratio(rt, mo
     assert set(scale) == {"gemm", "histogram", "sort"}
     assert 0.1 < scale["sort"] < 0.7, scale  # ~1/3: the re-measured kernels against the 3x profile, not 200
     assert model.freshness["refresh_scale"] == scale and model.freshness["family_ratio"]["sort"] == 200.0
+
+
+def test_a_refresh_scales_older_rows_only_in_the_latency_regimes_it_re_measured():
+    # one family, two regimes: 30 us MoE-sized scatters and 3 ms GNN-sized ones
+    rows = pd.DataFrame({"family": ["scatter"] * 3 + ["gemm"],
+                         "median_s": [3e-5, 3e-3, 3.5e-3, 3e-5],
+                         "measured_at": ["2026-01-01T00:00:00"] * 4})
+    assert regime_of(rows["median_s"]).tolist() == [-5, -3, -3, -5]
+    # a GNN run re-measured its millisecond scatters at 0.5x: the MoE-sized row is left alone
+    prov = [{"command": "freshness refresh",
+             "refresh": {"at": "2026-02-01T00:00:00", "family_scale": {"scatter": 0.5},
+                         "regime_scale": {"scatter": {"-3": 0.5}}}}]
+    assert refresh_scale(rows, prov).tolist() == [1.0, 0.5, 0.5, 1.0]
+    # a later refresh finds each row's regime on its time as scaled so far (3 ms x 0.5 = 1.5 ms:
+    # still -3) and applies that regime's ratio
+    prov.append({"command": "freshness refresh",
+                 "refresh": {"at": "2026-03-01T00:00:00", "family_scale": {"scatter": 2.0},
+                             "regime_scale": {"scatter": {"-5": 2.0, "-3": 3.0}}}})
+    assert refresh_scale(rows, prov).tolist() == [2.0, 1.5, 1.5, 1.0]
