@@ -225,7 +225,13 @@ def remeasured_ratios(before: pd.DataFrame, measurements: pd.DataFrame, keys: It
                       since: str) -> pd.DataFrame:
     """Per re-measured kernel of ``keys``: family, regime (of its time in ``before``) and the
     ratio (median of its rows measured at or after ``since``) / (its median in ``before``,
-    the kernel table as it was fitted)."""
+    the kernel table as it was fitted).
+
+    These, not the quick check's ratio, are what a refresh records for older rows: they rest
+    on every re-measured kernel and all its rounds. The check times four kernels per family
+    for seconds; on the development VM one of its gather ratios read 201x in a transient
+    (results/cpu_epyc/moe_x1) and, recorded as the scale, multiplied every older gather row
+    by 201 in later fits (the next `gnn_degree` run's profile as loaded: L3 3593% median)."""
     keys = set(keys)
     empty = pd.DataFrame(columns=["family", "regime", "ratio"])
     stamped = measurements["measured_at"].notna() if "measured_at" in measurements else False
@@ -238,20 +244,6 @@ def remeasured_ratios(before: pd.DataFrame, measurements: pd.DataFrame, keys: It
     common = now.index.intersection(old.index)
     ratios = pd.DataFrame({"family": family[common], "regime": regime_of(old[common]), "ratio": now[common] / old[common]})
     return ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
-
-
-def remeasured_scale(before: pd.DataFrame, measurements: pd.DataFrame, keys: Iterable[str], *,
-                     since: str) -> dict[str, float]:
-    """Per family: the median over the re-measured ``keys`` of (median of their rows measured
-    at or after ``since``) / (their median in ``before``, the kernel table as it was fitted).
-
-    This, not the quick check's ratio, is what a refresh records for the family's older rows:
-    it rests on every re-measured kernel and all its rounds. The check times four kernels
-    per family for seconds; on the development VM one of its gather ratios read 201x in a
-    transient (results/cpu_epyc/moe_x1) and, recorded as the scale, multiplied every older
-    gather row by 201 in later fits (the next `gnn_degree` run's profile as loaded: L3 3593%
-    median)."""
-    return regime_scales(remeasured_ratios(before, measurements, keys, since=since))[0]
 
 
 def refreshes(provenance: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

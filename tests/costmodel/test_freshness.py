@@ -8,7 +8,7 @@ import pytest
 from costmodel.bench import SizeLimits, measure_specs
 from costmodel.freshness import (
     check_freshness, check_policy, check_tolerance, is_stale, pick_references, refresh_entry, refresh_scale,
-    regime_of, remeasured_scale,
+    regime_of, regime_scales, remeasured_ratios,
     FreshnessReport,
 )
 from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
@@ -137,7 +137,7 @@ def test_rows_not_remeasured_follow_the_family_drift(rt):
     assert profile.content_hash() != hash_before  # a fitted model sees the refresh as new data
 
 
-def test_remeasured_scale_is_the_median_new_over_profiled_per_family():
+def test_remeasured_ratios_are_new_over_profiled_and_their_median_per_family():
     before = pd.DataFrame({"key": ["a", "b", "c", "d"], "family": ["gemm", "gemm", "gemm", "sort"],
                            "median_s": [1.0, 2.0, 4.0, 10.0]})
     raw = pd.DataFrame({"key": ["a", "a", "b", "c", "d", "d"],
@@ -146,9 +146,12 @@ def test_remeasured_scale_is_the_median_new_over_profiled_per_family():
                         "median_s": [2.0, 4.0, 5.0, 400.0, 5.0, 999.0]})
     # a: median(2, 4) / 1 = 3; b: 5 / 2 = 2.5; c measured before the refresh: not counted;
     # d: its unstamped row is not the refresh's, 5 / 10 = 0.5
-    scale = remeasured_scale(before, raw, ["a", "b", "c", "d"], since="2026-01-01T00:00:00")
-    assert scale == pytest.approx({"gemm": 2.75, "sort": 0.5})
-    assert remeasured_scale(before, raw, ["zz"], since="2026-01-01T00:00:00") == {}
+    ratios = remeasured_ratios(before, raw, ["a", "b", "c", "d"], since="2026-01-01T00:00:00")
+    assert ratios["ratio"].to_dict() == pytest.approx({"a": 3.0, "b": 2.5, "d": 0.5})
+    assert ratios["regime"].to_dict() == {"a": 0, "b": 0, "d": 1}  # 1 s, 2 s: decade 0; 10 s: decade 1
+    family, regime = regime_scales(ratios)
+    assert family == pytest.approx({"gemm": 2.75, "sort": 0.5}) and regime == {"gemm": {"0": 2.75}, "sort": {"1": 0.5}}
+    assert remeasured_ratios(before, raw, ["zz"], since="2026-01-01T00:00:00").empty
 
 
 def test_a_refresh_records_what_it_re_measured_not_the_quick_checks_ratio(rt, monkeypatch):
