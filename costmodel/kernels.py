@@ -1,31 +1,14 @@
-"""Kernel descriptors: one frozen, hashable dataclass per kernel family.
+"""Kernel descriptors: the stable import point for every family's descriptor and constants.
 
-A descriptor is the single source of truth for a kernel's shape. The same object is
-*run* by the microbenchmark suite (``costmodel.runners``) and *predicted* by the cost
-model (``costmodel.features`` / ``costmodel.models``), and the layers in ``sim`` emit
-lists of them as their kernel trace.
-
-Every descriptor has
-
-- ``flops()``: useful floating-point work, multiply and add counted as one FLOP each
-  (a MAC = 2 FLOPs), the convention of the CS336 resource-accounting assignment and of
-  PaLM's MFU definition (Chowdhery et al. 2022, appendix B);
-- ``bytes_moved()``: *ideal* memory traffic, each input read once and each output written
-  once (the lower bound used by the roofline model, Williams, Waterman & Patterson,
-  "Roofline", CACM 2009); real traffic is higher when caches thrash;
-- ``intensity()``: arithmetic intensity, FLOPs per byte (same source).
-
-Sizes are validated on construction: a bad field raises ``ValueError`` naming the field
-and the allowed range, before any tensor is allocated or any timing starts.
-
-Each family is defined in its own module of ``costmodel.families`` (descriptor, runner,
-features, aten mapping); this module is the stable import point for all of them.
+Each family is defined in its own module of ``costmodel.families`` (descriptor, suite grid,
+runner, features, aten mapping); the conventions every descriptor follows (``flops()``,
+ideal ``bytes_moved()``, ``intensity()``, validation on construction, with their sources)
+are in ``costmodel.families.descriptor``.
 """
 
 from __future__ import annotations
 
 from costmodel.families.descriptor import (  # noqa: F401
-    _REGISTRY,
     DTYPE_BYTES,
     FLOAT_DTYPES,
     INDEX_BYTES,

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodel.kernels import _REGISTRY, from_record, optional_fields
+from costmodel.families import registered
+from costmodel.kernels import from_record, optional_fields
 
 REQUIRED = ("key", "round", "family", "median_s")
 #: numeric columns of a measurement row: (lowest allowed, lowest is allowed itself, integer)
@@ -75,7 +76,7 @@ class RejectedRow:
 
 def _descriptor_numeric_columns() -> set[str]:
     names: set[str] = set()
-    for cls in _REGISTRY.values():
+    for cls in (f.spec for f in registered()):
         names |= {f.name for f in dataclasses.fields(cls) if f.type in ("int", "float", "float | None")}
     return names
 
@@ -222,7 +223,7 @@ def _check_descriptors(frame: pd.DataFrame, reasons: pd.Series) -> None:
     """A row's descriptor fields must build a descriptor whose key is the row's key; each
     distinct (key, fields) combination is checked once (a kernel's rounds share it)."""
     names = {"key", "family"}
-    for cls in _REGISTRY.values():
+    for cls in (f.spec for f in registered()):
         names |= {f.name for f in dataclasses.fields(cls)}
     cols = [c for c in frame.columns if c in names]
     pending = reasons.isna().to_numpy()
@@ -240,9 +241,10 @@ def _check_descriptors(frame: pd.DataFrame, reasons: pd.Series) -> None:
 
 def _descriptor_problem(rec: dict[str, Any]) -> str | None:
     family = rec["family"]
-    cls = _REGISTRY.get(str(family))
+    specs = {f.name: f.spec for f in registered()}
+    cls = specs.get(str(family))
     if cls is None:
-        return f"family={family!r} is not a kernel family (known: {sorted(_REGISTRY)})"
+        return f"family={family!r} is not a kernel family (known: {sorted(specs)})"
     optional = optional_fields(cls)
     for f in dataclasses.fields(cls):
         if f.name in optional:  # may be absent or empty: unset (costmodel.kernels.OPTIONAL_TYPES)

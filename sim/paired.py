@@ -68,6 +68,11 @@ def kernel_jobs(traces: Iterable[Sequence[KernelSpec]], device: torch.device, *,
     return [KernelJob(s, device, cold) for s in distinct_kernels(traces)]
 
 
+def _kernel_job_numbers(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) -> dict[KernelSpec, int]:
+    """Job index of every distinct kernel of ``traces``, as ``kernel_jobs`` lays them out."""
+    return {s: first_kernel_job + j for j, s in enumerate(distinct_kernels(traces))}
+
+
 def paired_order(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) -> list[int]:
     """A timing order that puts each layer next to its own kernels.
 
@@ -77,7 +82,7 @@ def paired_order(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) 
     its prediction sums are timed within seconds of each other: the VM's speed phases
     (minutes long, up to 2x here) then move both together instead of biasing their ratio.
     Jobs between the layers and the kernels keep their place at the end."""
-    job_of = {s: first_kernel_job + j for j, s in enumerate(distinct_kernels(traces))}
+    job_of = _kernel_job_numbers(traces, first_kernel_job)
     order: list[int] = []
     for i, trace in enumerate(traces):
         order.append(i)
@@ -88,7 +93,7 @@ def paired_order(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) 
 def layer_kernel_jobs(traces: Sequence[Sequence[KernelSpec]], first_kernel_job: int) -> dict[int, list[int]]:
     """Per layer (0..n-1), the job indices of every distinct kernel of its trace, numbered
     as ``paired_order`` numbers them: what a layer is re-timed with in an extra round."""
-    job_of = {s: first_kernel_job + j for j, s in enumerate(distinct_kernels(traces))}
+    job_of = _kernel_job_numbers(traces, first_kernel_job)
     return {i: sorted({job_of[s] for s in trace}) for i, trace in enumerate(traces)}
 
 

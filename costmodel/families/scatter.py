@@ -163,20 +163,22 @@ def _check_dim0(dim: int, dest: torch.Tensor) -> None:
         raise Unmappable("scatter along a dim other than 0")
 
 
-@register([aten.index_add_, aten.index_add], family="scatter",
-          note="backend index_add, reduce sum; a zero fill of the destination just before is part of the "
-               "call (as in costmodel.ops.scatter)")
-def _index_add(call: OpCall) -> KernelSpec:
-    dest, dim, index, src = call.args[:4]
-    _check_dim0(dim, dest)
-    return _scatter_spec(call, dest, index, src, "sum", "index_add")
+def _index_op(reduce: str, backend: str) -> Callable[[OpCall], KernelSpec]:
+    """The mapper of ``index_add_``/``index_copy_``-style calls (dest, dim, index, src)."""
+
+    def mapper(call: OpCall) -> KernelSpec:
+        dest, dim, index, src = call.args[:4]
+        _check_dim0(dim, dest)
+        return _scatter_spec(call, dest, index, src, reduce, backend)
+
+    return mapper
 
 
-@register([aten.index_copy_, aten.index_copy], family="scatter", note="backend index_copy, reduce copy")
-def _index_copy(call: OpCall) -> KernelSpec:
-    dest, dim, index, src = call.args[:4]
-    _check_dim0(dim, dest)
-    return _scatter_spec(call, dest, index, src, "copy", "index_copy")
+register([aten.index_add_, aten.index_add], family="scatter",
+         note="backend index_add, reduce sum; a zero fill of the destination just before is part of the "
+              "call (as in costmodel.ops.scatter)")(_index_op("sum", "index_add"))
+register([aten.index_copy_, aten.index_copy], family="scatter",
+         note="backend index_copy, reduce copy")(_index_op("copy", "index_copy"))
 
 
 _REDUCES = {"sum": "sum", "mean": "mean", "amax": "max", "amin": "max", "prod": "sum"}
