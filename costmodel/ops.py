@@ -74,6 +74,16 @@ def gather(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return src.index_select(0, index)
 
 
+def gather_by_indexing(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``src[index]``: aten ``index``, another kernel than ``index_select`` on the CPU."""
+    return src[index]
+
+
+def gather_elements(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``torch.gather`` along dim 0."""
+    return torch.gather(src, 0, index)
+
+
 def scatter_backends_available() -> tuple[str, ...]:
     """Scatter backends usable in this process (torch-scatter only where installed)."""
     if torch_scatter_version() is None:

@@ -7,10 +7,11 @@ Cold caches (``cold=True``, CPU): inside a layer a kernel finds its weights out 
 (the layer streams far more data than the caches hold between two uses of one weight),
 but a microbenchmark that repeats one call keeps its operands cache-resident and reads
 fast. So every floating-point operand is rotated, call after call, through different
-slices of one shared random arena larger than the last-level cache (``ARENA_BYTES``): each
-call reads its operands from memory, as on a GPU after ``do_bench``'s L2 flush. Index
-tensors are not rotated (their values matter); the arena is allocated once per process
-and dtype, so rotation costs no per-kernel set-up.
+slices of one shared random arena larger than the last-level cache (``ARENA_BYTES``), in
+their layout (a transposed view stays one): each call reads its operands from memory, as
+on a GPU after ``do_bench``'s L2 flush. Index tensors are not rotated (their values
+matter); the arena is allocated once per process and dtype, so rotation costs no
+per-kernel set-up.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _arena(dtype: torch.dtype, device: str) -> torch.Tensor:
 def _rotations(inputs: Inputs, device: torch.device) -> list[Inputs]:
     """Input tuples whose dense floating-point tensors are views at rotating arena offsets."""
     dense = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.layout == torch.strided
-             and t.is_floating_point() and t.is_contiguous() and t.numel() > 1]
+             and t.is_floating_point() and t.numel() > 1 and (t.is_contiguous() or _transposed_view(t))]
     if not dense:
         return [inputs]
     copies = MAX_ROTATIONS
@@ -63,9 +64,15 @@ def _rotations(inputs: Inputs, device: torch.device) -> list[Inputs]:
         for i in dense:
             t = inputs[i]
             span = -(-t.numel() // 64) * 64
-            items[i] = _arena(t.dtype, str(device))[c * span: c * span + t.numel()].view(t.shape)
+            slot = _arena(t.dtype, str(device))[c * span: c * span + t.numel()]
+            # a transposed view (an ``nt`` GEMM's weight) rotates as a transposed view
+            items[i] = slot.view(t.shape) if t.is_contiguous() else slot.view(t.mT.shape).mT
         out.append(tuple(items))
     return out
+
+
+def _transposed_view(t: torch.Tensor) -> bool:
+    return t.dim() >= 2 and t.mT.is_contiguous()
 
 
 def make_runner(spec: KernelSpec, device: torch.device | str = "cpu", *, seed: int = 0,

@@ -105,5 +105,19 @@ def index_stats(index: torch.Tensor, num_targets: int) -> tuple[float, bool]:
     cv = float(counts.std() / counts.mean()) if counts.mean() > 0 else 0.0
     return round(cv, 3), bool(np.all(idx[1:] >= idx[:-1]))
 
+
 def prod(shape: Iterable[int]) -> int:
     return int(math.prod(int(s) for s in shape))
+
+
+def matrix_layout(*operands: torch.Tensor) -> str:
+    """The layout of matrix operands as called: "t" for one whose last two dims are a
+    transposed view of row-major storage (``W.t()``), "n" otherwise (an operand in any other
+    strided form is copied by BLAS or read as it is: the nearest is "n")."""
+    return "".join("t" if _transposed(x) else "n" for x in operands)
+
+
+def _transposed(x: torch.Tensor) -> bool:
+    if x.dim() < 2 or x.is_contiguous():
+        return False
+    return x.transpose(-2, -1).is_contiguous()

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from costmodel.families.descriptor import DTYPE_BYTES
+from costmodel.families.descriptor import DTYPE_BYTES, layout_flags
 
 
 def log10(x: Any) -> np.ndarray:
@@ -47,3 +47,12 @@ def aggregation_features(t: pd.DataFrame, rows: np.ndarray, table_rows: np.ndarr
         "log_rows_per_target": log10(rows / table_rows),
         "index_cv": column(t, "index_cv"), "log1p_index_cv": np.log1p(column(t, "index_cv")),
     }
+
+
+def layout_features(t: pd.DataFrame) -> dict[str, np.ndarray]:
+    """0/1 per row: A transposed, B transposed (a table without a layout column is all "nn")."""
+    if "layout" not in t.columns:
+        zeros = np.zeros(len(t))
+        return {"trans_a": zeros, "trans_b": zeros.copy()}
+    flags = np.array([layout_flags(v) for v in t["layout"]], dtype=np.float64).reshape(len(t), 2)
+    return {"trans_a": flags[:, 0], "trans_b": flags[:, 1]}

@@ -57,6 +57,35 @@ def check_choice(obj: object, name: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"{type(obj).__name__}.{name} must be one of {list(allowed)}, got {value!r}")
 
 
+#: operand layouts of a matrix product, BLAS's transa/transb: "n" an operand stored as its
+#: logical shape (row-major), "t" one stored transposed and passed as a transposed view (the
+#: weight of ``nn.Linear``, stored [out, in] and multiplied as ``W.t()``; most operands of a
+#: backward pass). The same product runs another kernel per layout: on the development VM
+#: ``grouped_mm`` of 64 tokens over 16 experts' [1024, 4096] weights took 1.2x longer with the
+#: weights transposed, 0.9x for [2048, 1024]; transformers' eager Mixtral experts (every
+#: product "nt") spent 31.0 ms in ``mm`` where their "nn" microbenchmarks summed to 24.6 ms
+#: (README, "Fourth pass").
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+def check_layout(obj: object, name: str = "layout") -> None:
+    """``layout`` among ``LAYOUTS``; "nn" is stored as None (unset), so the key of a
+    row-major product is the one it had before layouts existed."""
+    value = getattr(obj, name)
+    if value is None:
+        return
+    if value not in LAYOUTS:
+        raise ValueError(f"{type(obj).__name__}.{name} must be one of {list(LAYOUTS)} (or None = 'nn'), got {value!r}")
+    if value == "nn":
+        object.__setattr__(obj, name, None)
+
+
+def layout_flags(layout: Any) -> tuple[bool, bool]:
+    """(A transposed, B transposed) of a layout (None or NaN = "nn")."""
+    text = layout if isinstance(layout, str) and layout in LAYOUTS else "nn"
+    return text[0] == "t", text[1] == "t"
+
+
 def check_cv(obj: object, name: str) -> None:
     value = getattr(obj, name)
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -126,7 +155,8 @@ class KernelSpec:
     def label(self) -> str:
         """Short human-readable name for tables."""
         fields = ", ".join(
-            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.name != "dtype"
+            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+            if f.name != "dtype" and getattr(self, f.name) is not None
         )
         return f"{self.family}({fields})"
 
@@ -149,7 +179,7 @@ def spec_class(family: str) -> type[KernelSpec]:
 
 
 #: field types that may be left unset (None): an empty cell in a table, absent from the key
-OPTIONAL_TYPES = ("float | None",)
+OPTIONAL_TYPES = ("float | None", "str | None")
 
 
 def optional_fields(cls: type[KernelSpec]) -> frozenset[str]:
@@ -165,7 +195,7 @@ def from_record(record: Mapping[str, Any]) -> KernelSpec:
         if f.type in OPTIONAL_TYPES:
             value = record.get(f.name)
             missing = value is None or value == "" or (isinstance(value, float) and math.isnan(value))
-            kwargs[f.name] = None if missing else float(value)
+            kwargs[f.name] = None if missing else (str(value) if f.type == "str | None" else float(value))
             continue
         value = record[f.name]
         if f.type in ("tuple[int, ...]",):

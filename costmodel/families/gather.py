@@ -1,5 +1,6 @@
 """Gather: out[E, F] = src[index] (``index_select`` on rows; aten ``index_select``,
-``embedding``, advanced indexing ``index``, ``gather``, and ``nll_loss`` as the nearest)."""
+``embedding``, advanced indexing ``index``, ``gather``, and ``nll_loss`` as the nearest),
+each timed through the aten op it came from (``op``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, index_stats, prod, register, spec_dtype
-from costmodel.families.columns import aggregation_features, column, flag
+from costmodel.families.columns import aggregation_features, column, flag, onehot
 from costmodel.families.descriptor import FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_cv, check_positive
 from costmodel.families.elementwise import ElementwiseSpec
 from costmodel.families.inputs import randn, skewed_index
@@ -22,6 +23,9 @@ from costmodel.indices import realised_cv
 # ----------------------------------------------------------------------------- descriptor
 
 
+GATHER_OPS = ("index_select", "index", "gather")
+
+
 @dataclass(frozen=True)
 class GatherSpec(KernelSpec):
     """out[E, F] = src[index] with index[E] in [0, num_src) (``index_select`` on rows).
@@ -29,6 +33,12 @@ class GatherSpec(KernelSpec):
     ``index_cv`` is the coefficient of variation of how often each source row is read
     (0 = every row equally often; large = a few hot rows), ``sorted`` whether the index
     is ascending.
+
+    ``op`` is the aten kernel that moves the rows, as they differ several-fold on the CPU:
+    None is ``index_select`` (and ``embedding``, which calls it), "index" advanced indexing
+    ``src[index]`` (a TensorIterator over every element: on the development VM 35 us where
+    ``index_select`` took 6 us for 64 rows of 1024 floats, and 89 vs 61 ms for 64 rows of
+    4M floats), "gather" ``torch.gather`` along dim 0.
     """
 
     family: ClassVar[str] = "gather"
@@ -39,11 +49,16 @@ class GatherSpec(KernelSpec):
     index_cv: float = 0.0
     sorted: bool = False
     dtype: str = "float32"
+    op: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, "num_rows", "width", "num_src")
         check_cv(self, "index_cv")
+        if self.op is not None and self.op not in GATHER_OPS:
+            raise ValueError(f"GatherSpec.op must be one of {list(GATHER_OPS)} (or None = 'index_select'), got {self.op!r}")
+        if self.op == "index_select":
+            object.__setattr__(self, "op", None)  # the default: keys of rows measured before ``op`` existed
 
     def flops(self) -> float:
         return 0.0  # pure data movement
@@ -72,26 +87,34 @@ def build(spec: GatherSpec, device: torch.device, gen: torch.Generator, seed: in
     from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
 
     src = randn((spec.num_src, spec.width) if spec.width > 1 else (spec.num_src,), spec.dtype, device, gen)
-    return ops.gather, (src, skewed_index(spec.num_rows, spec.num_src, spec.index_cv, spec.sorted, seed, device))
+    index = skewed_index(spec.num_rows, spec.num_src, spec.index_cv, spec.sorted, seed, device)
+    if spec.op == "index":
+        return ops.gather_by_indexing, (src, index)
+    if spec.op == "gather":
+        return ops.gather_elements, (src, index[:, None].expand(-1, spec.width) if spec.width > 1 else index)
+    return ops.gather, (src, index)
 
 
 # ----------------------------------------------------------------------------- features
 
 
 def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """The aggregation features over the rows read, and whether the index is ascending."""
-    return {**aggregation_features(t, column(t, "num_rows"), column(t, "num_src")), "sorted": flag(t["sorted"])}
+    """The aggregation features over the rows read, whether the index is ascending, and the
+    aten op (``op``; unset = index_select)."""
+    op = t["op"] if "op" in t.columns else pd.Series([None] * len(t), index=t.index)
+    return {**aggregation_features(t, column(t, "num_rows"), column(t, "num_src")), "sorted": flag(t["sorted"]),
+            **onehot(op.fillna("index_select"), GATHER_OPS[1:], "op")}
 
 
 # ----------------------------------------------------------------------------- aten ops
 
 
-def _gather_spec(index: torch.Tensor, width: int, num_src: int, src: torch.Tensor) -> KernelSpec:
+def _gather_spec(index: torch.Tensor, width: int, num_src: int, src: torch.Tensor, op: str | None = None) -> KernelSpec:
     if index.dtype == torch.bool:
         raise Unmappable("boolean-mask indexing")
     cv, ascending = index_stats(index, num_src)
     return GatherSpec(max(int(index.numel()), 1), max(int(width), 1), max(int(num_src), 1), cv, ascending,
-                      spec_dtype(src, GatherSpec.allowed_dtypes))
+                      spec_dtype(src, GatherSpec.allowed_dtypes), op)
 
 
 @register([aten.index_select], family="gather", note="rows of dim 0; other dims as rows of the outer block")
@@ -110,8 +133,8 @@ def _embedding(call: OpCall) -> KernelSpec:
 
 
 @register([aten.index], family="gather",
-          note="advanced indexing x[idx] (or x[i, j] on leading dims: rows of the flattened block at the linear "
-               "index); boolean masks and indices after a full slice as the nearest elementwise copy of the input")
+          note="op=index: advanced indexing x[idx] (or x[i, j] on leading dims: rows of the flattened block at the "
+               "linear index); boolean masks and indices after a full slice as the nearest elementwise copy of the input")
 def _index(call: OpCall) -> KernelSpec:
     src, indices = call.args[0], list(call.args[1])
     while indices and indices[-1] is None:
@@ -120,29 +143,29 @@ def _index(call: OpCall) -> KernelSpec:
         # boolean masks (compaction) and indices after a full slice: nearest, one copy pass of the input
         return ElementwiseSpec("copy", max(int(src.numel()), 1), spec_dtype(src, ElementwiseSpec.allowed_dtypes))
     if len(indices) == 1:
-        return _gather_spec(indices[0], prod(src.shape[1:]), int(src.shape[0]), src)
+        return _gather_spec(indices[0], prod(src.shape[1:]), int(src.shape[0]), src, "index")
     # x[i, j, ...] on the leading dims: rows of the flattened leading block, at the linear index
     lead = [int(s) for s in src.shape[:len(indices)]]
     idx = torch.broadcast_tensors(*[i.detach().to("cpu", torch.int64) for i in indices])
     linear = torch.zeros_like(idx[0])
     for i, size in zip(idx, lead):
         linear = linear * size + i
-    return _gather_spec(linear, prod(src.shape[len(indices):]), prod(lead), src)
+    return _gather_spec(linear, prod(src.shape[len(indices):]), prod(lead), src, "index")
 
 
 @register([aten.gather], family="gather",
-          note="nearest family: element-wise gather along a dim as index.numel() rows of width 1 out of "
+          note="op=gather; nearest: element-wise gather along a dim as index.numel() rows of width 1 out of "
                "size(dim) sources")
 def _gather(call: OpCall) -> KernelSpec:
     src, dim, index = call.args[0], call.args[1], call.args[2]
-    return _gather_spec(index, 1, int(src.shape[dim]) if src.dim() else 1, src)
+    return _gather_spec(index, 1, int(src.shape[dim]) if src.dim() else 1, src, "gather")
 
 
 @register([aten.nll_loss_forward], family="gather",
-          note="nearest: picks one log-probability per row: a gather of N rows of width 1 out of C")
+          note="op=gather; nearest: picks one log-probability per row: a gather of N rows of width 1 out of C")
 def _nll(call: OpCall) -> KernelSpec:
     logp, target = call.args[0], call.args[1]
-    return _gather_spec(target.clamp(min=0), 1, int(logp.shape[-1]), logp)
+    return _gather_spec(target.clamp(min=0), 1, int(logp.shape[-1]), logp, "gather")
 
 
 register_family(GatherSpec, suite=suite, build=build, features=features)

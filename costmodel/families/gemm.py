@@ -1,5 +1,6 @@
 """GEMM: C[M, N] = A[M, K] @ B[K, N] (``torch.matmul``; ``mm``/``addmm``/``mv``/``dot``
-and ``linear`` land here)."""
+and ``linear`` land here), in any operand layout (``layout``: which operands are
+transposed views, as ``nn.Linear``'s weight always is)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.families.aten_map import OpCall, Unmappable, aten, register, spec_dtype
-from costmodel.families.columns import column, log10
-from costmodel.families.descriptor import DTYPE_BYTES, KernelSpec, check_positive
-from costmodel.families.inputs import randn
+from costmodel.families.aten_map import OpCall, Unmappable, aten, matrix_layout, register, spec_dtype
+from costmodel.families.columns import column, layout_features, log10
+from costmodel.families.descriptor import DTYPE_BYTES, KernelSpec, check_layout, check_positive, layout_flags
+from costmodel.families.inputs import randn, randn_laid_out
 from costmodel.families.registry import SuiteContext, grid, register_family
 from costmodel.families.spmm import spmm_spec
 
@@ -23,17 +24,23 @@ from costmodel.families.spmm import spmm_spec
 
 @dataclass(frozen=True)
 class GemmSpec(KernelSpec):
-    """C[M, N] = A[M, K] @ B[K, N] (``torch.matmul``)."""
+    """C[M, N] = A[M, K] @ B[K, N] (``torch.matmul``).
+
+    ``layout`` (``descriptor.LAYOUTS``): "nt" when B is stored [N, K] and passed transposed
+    (``x @ W.t()``, what ``nn.Linear`` runs), "tn"/"tt" for a transposed A (weight
+    gradients); None is "nn", both stored as their logical shapes."""
 
     family: ClassVar[str] = "gemm"
     m: int
     k: int
     n: int
     dtype: str = "float32"
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, "m", "k", "n")
+        check_layout(self)
 
     def flops(self) -> float:
         # 2MKN: each of the MN outputs takes K multiplies and K adds (CS336; seed article).
@@ -92,7 +99,9 @@ def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSp
 def build(spec: GemmSpec, device: torch.device, gen: torch.Generator, seed: int) -> tuple[Callable[..., Any], tuple]:
     from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
 
-    return ops.gemm, (randn((spec.m, spec.k), spec.dtype, device, gen), randn((spec.k, spec.n), spec.dtype, device, gen))
+    trans_a, trans_b = layout_flags(spec.layout)
+    return ops.gemm, (randn_laid_out((spec.m, spec.k), trans_a, spec.dtype, device, gen),
+                      randn_laid_out((spec.k, spec.n), trans_b, spec.dtype, device, gen))
 
 
 # ----------------------------------------------------------------------------- features
@@ -105,7 +114,8 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
     """log M, K, N, aspect log(M/N), output tiles and wave efficiency (tiles over
     ceil(tiles/units)*units: how well the tiles fill the parallel units, "wave quantization",
     NVIDIA's Matrix Multiplication Background guide), and whether it is a matrix-vector
-    product (M or N = 1: BLAS switches to a GEMV kernel)."""
+    product (M or N = 1: BLAS switches to a GEMV kernel), and which operands are transposed
+    (BLAS runs another kernel per transa/transb)."""
     units = float(ceilings.get("parallel_units", 1))
     tile = TILE.get(str(ceilings.get("device_kind", "cpu")), 64)
     m, k, n = column(t, "m"), column(t, "k"), column(t, "n")
@@ -113,7 +123,7 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
     return {
         "log_m": log10(m), "log_k": log10(k), "log_n": log10(n), "log_m_over_n": log10(m / n),
         "log_tiles": log10(tiles), "wave_eff": tiles / (np.ceil(tiles / units) * units),
-        "gemv": ((m == 1) | (n == 1)).astype(np.float64),
+        "gemv": ((m == 1) | (n == 1)).astype(np.float64), **layout_features(t),
     }
 
 
@@ -121,8 +131,8 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
 
 
 @register([aten.mm, aten.addmm], family="gemm",
-          note="linear/matmul land here (weights transposed by a view, bias fused by addmm's beta*C); "
-               "a sparse CSR first operand maps to spmm")
+          note="linear/matmul land here (bias fused by addmm's beta*C); layout from the operands' strides "
+               "(linear's weight is a transposed view: nt); a sparse CSR first operand maps to spmm")
 def _mm(call: OpCall) -> KernelSpec:
     is_add = call.func.overloadpacket is aten.addmm
     a, b = (call.args[1], call.args[2]) if is_add else (call.args[0], call.args[1])
@@ -130,7 +140,8 @@ def _mm(call: OpCall) -> KernelSpec:
         return spmm_spec(a, b, call, call.args[0] if is_add else None)
     if a.layout != torch.strided or b.layout != torch.strided:
         raise Unmappable(f"operand layouts {a.layout}, {b.layout} are not dense or CSR")
-    return GemmSpec(int(a.shape[0]), int(a.shape[1]), int(b.shape[1]), spec_dtype(a, GemmSpec.allowed_dtypes))
+    return GemmSpec(int(a.shape[0]), int(a.shape[1]), int(b.shape[1]), spec_dtype(a, GemmSpec.allowed_dtypes),
+                    matrix_layout(a, b))
 
 
 @register([aten.mv, aten.addmv], family="gemm", note="matrix-vector product as a GEMM with N = 1")

@@ -1,5 +1,6 @@
 """Grouped expert GEMM: one GEMM per expert in a single call (padded ``bmm`` or ragged
-``grouped_mm``; aten ``bmm``/``baddbmm``/``_grouped_mm``)."""
+``grouped_mm``, and ``grouped_mm``'s weight-gradient form; aten ``bmm``/``baddbmm``/
+``_grouped_mm``), in any operand layout."""
 
 from __future__ import annotations
 
@@ -10,17 +11,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.families.aten_map import OpCall, Unmappable, aten, register, spec_dtype
-from costmodel.families.columns import column, log10, onehot
-from costmodel.families.descriptor import KernelSpec, check_choice, check_positive
-from costmodel.families.inputs import randn
+from costmodel.families.aten_map import OpCall, Unmappable, aten, matrix_layout, register, spec_dtype
+from costmodel.families.columns import column, layout_features, log10, onehot
+from costmodel.families.descriptor import KernelSpec, check_choice, check_layout, check_positive, layout_flags
+from costmodel.families.inputs import randn_laid_out
 from costmodel.families.registry import SuiteContext, grid, register_family
 
 
 # ----------------------------------------------------------------------------- descriptor
 
 
-GROUPED_IMPLS = ("padded_bmm", "grouped_mm")
+GROUPED_IMPLS = ("padded_bmm", "grouped_mm", "grouped_mm_ragged_k")
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,13 @@ class GroupedGemmSpec(KernelSpec):
 
     ``impl`` says how the call is made: ``padded_bmm`` pads every expert to the busiest
     expert's token count and runs ``torch.bmm`` (it pays for max(n_e) * E rows);
-    ``grouped_mm`` runs ``torch.nn.functional.grouped_mm`` over the ragged groups.
+    ``grouped_mm`` runs ``torch.nn.functional.grouped_mm`` over the ragged groups;
+    ``grouped_mm_ragged_k`` is its weight-gradient form, dW_e[K, N] = X_e^T[K, n_e] @
+    G_e[n_e, N], the groups ragged along the reduction dim and every expert's [K, N] written.
+
+    ``layout`` (``descriptor.LAYOUTS``) says which operand is a transposed view, as for
+    ``GemmSpec``: "nt" is a weight stored [E, N, K] (transformers' Mixtral experts), "tn"
+    the weight gradient's X^T.
     """
 
     family: ClassVar[str] = "grouped_gemm"
@@ -38,11 +45,13 @@ class GroupedGemmSpec(KernelSpec):
     n: int
     impl: str = "grouped_mm"
     dtype: str = "float32"
+    layout: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive(self, "k", "n")
         check_choice(self, "impl", GROUPED_IMPLS)
+        check_layout(self)
         counts = self.tokens_per_expert
         if not isinstance(counts, tuple) or len(counts) == 0:
             raise ValueError("GroupedGemmSpec.tokens_per_expert must be a non-empty tuple of token counts")
@@ -78,17 +87,20 @@ class GroupedGemmSpec(KernelSpec):
         return 2.0 * self.k * self.n * self.executed_rows()
 
     def weight_experts(self) -> int:
-        """Experts whose weight matrix the call reads: all E for a padded bmm (it multiplies
-        every expert's slice, empty or not); only experts with tokens for grouped_mm, which
-        skips empty groups (measured on CPU: 3 non-empty of 16 experts read 3.1 ms, all 16
-        10.4 ms, K=1024, N=2048; CUTLASS grouped GEMMs schedule tiles of non-empty groups only)."""
-        if self.impl == "padded_bmm":
+        """Experts whose [K, N] matrix the call reads or writes: all E for a padded bmm (it
+        multiplies every expert's slice, empty or not) and for the weight gradient (every
+        expert's gradient is written, zero for an empty group); only experts with tokens for
+        grouped_mm, which skips empty groups (measured on CPU: 3 non-empty of 16 experts read
+        3.1 ms, all 16 10.4 ms, K=1024, N=2048; CUTLASS grouped GEMMs schedule tiles of
+        non-empty groups only)."""
+        if self.impl in ("padded_bmm", "grouped_mm_ragged_k"):
             return self.num_experts
         return sum(1 for c in self.tokens_per_expert if c > 0)
 
     def bytes_moved(self) -> float:
         # Inputs read once, outputs written once, each read expert's weight once:
-        # s * (rows*K + E_read*K*N + rows*N), rows = executed rows (padding included).
+        # s * (rows*K + E_read*K*N + rows*N), rows = executed rows (padding included); the
+        # weight gradient reads X (rows*K) and G (rows*N) and writes E*K*N: the same sum.
         rows = self.executed_rows()
         return float(self.elem_bytes * (rows * self.k + self.weight_experts() * self.k * self.n + rows * self.n))
 
@@ -151,11 +163,16 @@ def build(spec: GroupedGemmSpec, device: torch.device, gen: torch.Generator,
     from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
 
     dt = spec.dtype
-    w = randn((spec.num_experts, spec.k, spec.n), dt, device, gen)
+    trans_a, trans_b = layout_flags(spec.layout)
     if spec.impl == "padded_bmm":
-        return ops.grouped_padded_bmm, (randn((spec.num_experts, spec.max_tokens, spec.k), dt, device, gen), w)
+        return ops.grouped_padded_bmm, (randn_laid_out((spec.num_experts, spec.max_tokens, spec.k), trans_a, dt, device, gen),
+                                        randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen))
     offsets = torch.tensor(np.cumsum(spec.tokens_per_expert), dtype=torch.int32, device=device)
-    return ops.grouped_mm, (randn((spec.total_tokens, spec.k), dt, device, gen), w, offsets)
+    if spec.impl == "grouped_mm_ragged_k":
+        return ops.grouped_mm, (randn_laid_out((spec.k, spec.total_tokens), trans_a, dt, device, gen),
+                                randn_laid_out((spec.total_tokens, spec.n), trans_b, dt, device, gen), offsets)
+    return ops.grouped_mm, (randn_laid_out((spec.total_tokens, spec.k), trans_a, dt, device, gen),
+                            randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen), offsets)
 
 
 # ----------------------------------------------------------------------------- features
@@ -176,7 +193,7 @@ def _counts_matrix(column: pd.Series) -> np.ndarray:
 def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Experts, non-empty experts, total/max/mean tokens, imbalance (max/mean, CV) of the
     rows executed (a padded bmm executes max_n rows per expert), padding waste 1 - sum/(E*max),
-    implementation."""
+    implementation, transposed operands."""
     counts = _counts_matrix(t["tokens_per_expert"])  # NaN past each row's expert count
     valid = ~np.isnan(counts)
     padded = t["impl"].astype(str).to_numpy() == "padded_bmm"
@@ -194,7 +211,7 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
         "log_experts": log10(experts), "log_nonempty": log10(nonempty), "log_total_tokens": log10(total),
         "log_max_tokens": log10(mx), "max_over_mean": mx / (total / experts), "tokens_cv": cv,
         "padding_waste": 1.0 - useful / (experts * mx), "log_mean_nonempty": log10(total / nonempty),
-        "log_k": log10(k), "log_n": log10(n), **onehot(t["impl"], GROUPED_IMPLS, "impl"),
+        "log_k": log10(k), "log_n": log10(n), **onehot(t["impl"], GROUPED_IMPLS, "impl"), **layout_features(t),
     }
 
 
@@ -216,21 +233,23 @@ def _bmm(call: OpCall) -> KernelSpec:
     if sum(counts) == 0:
         counts = (int(x.shape[1]),) * int(x.shape[0])
     return GroupedGemmSpec(counts, int(x.shape[2]), int(w.shape[2]), "padded_bmm",
-                           spec_dtype(x, GroupedGemmSpec.allowed_dtypes))
+                           spec_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
 
 
 @register([aten._grouped_mm], family="grouped_gemm",
           note="impl=grouped_mm; tokens per expert from the offsets tensor; the weight-gradient form "
-               "(2-D x 2-D, ragged reduction dim) as the nearest: same FLOPs and ideal bytes")
+               "(2-D x 2-D, ragged reduction dim) is impl=grouped_mm_ragged_k; layout from the strides")
 def _grouped(call: OpCall) -> KernelSpec:
     x, w, offs = call.args[0], call.args[1], call.arg(2, "offs")
     if offs is None or x.dim() != 2 or w.dim() not in (2, 3):
         raise Unmappable("only the ragged forms with offsets ([sum n, K] x [E, K, N], [K, sum n] x [sum n, N]) are described")
     ends = offs.detach().to("cpu", torch.int64).numpy()
     counts = tuple(int(c) for c in np.diff(ends, prepend=0))
-    # 2-D x 2-D is the weight gradient (ragged reduction dim): the same 2*K*N*sum(n) FLOPs and ideal bytes
-    k = int(x.shape[1]) if w.dim() == 3 else int(x.shape[0])
-    return GroupedGemmSpec(counts, k, int(w.shape[-1]), "grouped_mm", spec_dtype(x, GroupedGemmSpec.allowed_dtypes))
+    # 2-D x 2-D is the weight gradient: X^T [K, sum n] @ G [sum n, N] -> [E, K, N]
+    ragged_k = w.dim() == 2
+    k = int(x.shape[0]) if ragged_k else int(x.shape[1])
+    return GroupedGemmSpec(counts, k, int(w.shape[-1]), "grouped_mm_ragged_k" if ragged_k else "grouped_mm",
+                           spec_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
 
 
 register_family(GroupedGemmSpec, suite=suite, build=build, features=features)

@@ -18,6 +18,16 @@ def randn(shape: tuple[int, ...], dtype: str, device: torch.device, gen: torch.G
     return torch.randn(shape, generator=gen, dtype=torch.float32).to(device=device, dtype=getattr(torch, dtype))
 
 
+def randn_laid_out(shape: tuple[int, ...], transposed: bool, dtype: str, device: torch.device,
+                   gen: torch.Generator) -> torch.Tensor:
+    """``randn`` of logical ``shape``; with ``transposed`` its last two dims are stored
+    swapped and the tensor is their transposed view (a ``W.t()`` operand), which the cold
+    rotation of ``costmodel.runners`` keeps in that layout."""
+    if not transposed:
+        return randn(shape, dtype, device, gen)
+    return randn((*shape[:-2], shape[-1], shape[-2]), dtype, device, gen).transpose(-2, -1)
+
+
 def skewed_index(num_rows: int, num_targets: int, cv: float, sorted_: bool, seed: int,
                  device: torch.device) -> torch.Tensor:
     """``num_rows`` ids in [0, num_targets) whose per-target counts have CV ``cv``

@@ -19,6 +19,11 @@ SPECS = [
     ScatterSpec(50, 4, 10, "sum", "index_put", 0.5),
     SpmmSpec(40, 4, 10, 10, 0.5), SpmmSpec(40, 4, 10, 10, 0.5, "float32", 1.0, 0.5), ElementwiseSpec("gelu", 100), ElementwiseSpec("floordiv", 100, "int64"),
     SoftmaxSpec(4, 8), TopkSpec(4, 8, 2), SortSpec(64), HistogramSpec(64, 8),
+    GemmSpec(3, 8, 16, layout="nt"), GemmSpec(3, 8, 16, layout="tt"),
+    GroupedGemmSpec((3, 0, 5), 8, 16, "grouped_mm", layout="nt"),
+    GroupedGemmSpec((3, 0, 5), 8, 16, "grouped_mm_ragged_k", layout="tn"),
+    GroupedGemmSpec((3, 1, 5), 8, 16, "padded_bmm", layout="tn"),
+    GatherSpec(50, 4, 10, 1.0, True, op="index"), GatherSpec(50, 4, 10, 0.0, False, op="gather"),
 ] + ([ScatterSpec(50, 4, 10, "mean", "torch_scatter")] if "torch_scatter" in scatter_backends_available() else [])
 
 
@@ -48,6 +53,32 @@ def test_cold_runner_reads_different_operands_each_call(monkeypatch):
     for _ in range(10):
         warm()
     assert len(set(seen)) == 1
+
+
+@pytest.mark.parametrize("layout, a_t, b_t", [("nt", False, True), ("tn", True, False), (None, False, False)])
+def test_runners_call_in_the_layout_and_rotate_it_cold(monkeypatch, layout, a_t, b_t):
+    seen: list[tuple[bool, bool, int]] = []
+    real = ops.gemm
+
+    def spy(a, b):
+        seen.append((not a.is_contiguous(), not b.is_contiguous(), b.data_ptr()))
+        return real(a, b)
+
+    monkeypatch.setattr(ops, "gemm", spy)
+    cold = runners.make_runner(GemmSpec(4, 64, 32, layout=layout), cold=True)
+    for _ in range(5):
+        assert tuple(cold().shape) == (4, 32)
+    assert {s[:2] for s in seen} == {(a_t, b_t)}  # transposed views stay transposed views
+    assert len({s[2] for s in seen}) == 5  # and rotate through the arena like any operand
+
+
+def test_gather_ops_agree_on_values():
+    for op in (None, "index", "gather"):
+        out = runners.make_runner(GatherSpec(20, 3, 7, 0.5, False, op=op), seed=3)()
+        assert tuple(out.shape) == (20, 3)
+    a = runners.make_runner(GatherSpec(20, 3, 7, 0.5, False), seed=3)()
+    assert torch.equal(a, runners.make_runner(GatherSpec(20, 3, 7, 0.5, False, op="index"), seed=3)())
+    assert torch.equal(a, runners.make_runner(GatherSpec(20, 3, 7, 0.5, False, op="gather"), seed=3)())
 
 
 def test_gemm_output_has_the_descriptor_shape():

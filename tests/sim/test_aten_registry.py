@@ -41,13 +41,25 @@ def test_index_stats_by_hand():
 
 def test_gemms_linear_with_transposed_weight_and_bias():
     x, w, b = torch.randn(5, 7), torch.randn(3, 7), torch.randn(3)
-    assert only(torch.mm, x, w.t()) == GemmSpec(5, 7, 3)
-    assert only(F.linear, x, w, b) == GemmSpec(5, 7, 3)  # addmm: bias fused
-    assert only(F.linear, x, w) == GemmSpec(5, 7, 3)
+    assert only(torch.mm, x, w.t()) == GemmSpec(5, 7, 3, layout="nt")
+    assert only(F.linear, x, w, b) == GemmSpec(5, 7, 3, layout="nt")  # addmm: bias fused
+    assert only(F.linear, x, w) == GemmSpec(5, 7, 3, layout="nt")
     captured = capture_trace(F.linear, x, w)
     gemm = [op for op in captured.ops if op.kind == "kernel"][0]
     assert gemm.strides[1] == (1, 7)  # the transposed weight, seen through its strides
     assert only(torch.matmul, torch.randn(7), torch.randn(7, 4)) == GemmSpec(1, 7, 4)  # mv path via mm
+
+
+def test_gemm_layouts_read_from_strides():
+    a, b = torch.randn(5, 7), torch.randn(7, 3)
+    assert only(torch.mm, a, b) == GemmSpec(5, 7, 3)  # row-major: "nn", stored unset
+    assert only(torch.mm, a.t().contiguous().t(), b) == GemmSpec(5, 7, 3, layout="tn")
+    assert only(torch.mm, a.t().contiguous().t(), b.t().contiguous().t()) == GemmSpec(5, 7, 3, layout="tt")
+    assert only(torch.mm, a, b.expand(7, 3)) == GemmSpec(5, 7, 3)
+    assert GemmSpec(5, 7, 3, layout="nn") == GemmSpec(5, 7, 3)  # one key for row-major, as before layouts
+    assert GemmSpec(5, 7, 3, layout="nn").key() == "dtype=float32|family=gemm|k=7|m=5|n=3"
+    with pytest.raises(ValueError, match=r"GemmSpec.layout must be one of \['nn', 'nt', 'tn', 'tt'\]"):
+        GemmSpec(5, 7, 3, layout="n")
 
 
 def test_bmm_counts_non_zero_rows_as_tokens():
@@ -64,17 +76,25 @@ def test_grouped_mm_counts_from_offsets():
     offs = torch.tensor([3, 3, 8], dtype=torch.int32)
     spec = only(lambda x, w: F.grouped_mm(x, w, offs=offs), torch.randn(8, 16), torch.randn(3, 16, 8))
     assert spec == GroupedGemmSpec((3, 0, 5), 16, 8, "grouped_mm")
+    # transformers' Mixtral experts: weights stored [E, N, K], multiplied transposed
+    spec = only(lambda x, w: F.grouped_mm(x, w.transpose(-2, -1), offs=offs), torch.randn(8, 16), torch.randn(3, 8, 16))
+    assert spec == GroupedGemmSpec((3, 0, 5), 16, 8, "grouped_mm", layout="nt")
+    # the weight gradient: X^T [K, sum n] @ G [sum n, N] -> [E, K, N], ragged along the reduction
+    spec = only(lambda x, g: F.grouped_mm(x.t(), g, offs=offs), torch.randn(8, 16), torch.randn(8, 4))
+    assert spec == GroupedGemmSpec((3, 0, 5), 16, 4, "grouped_mm_ragged_k", layout="tn")
+    assert spec.bytes_moved() == 4 * (8 * 16 + 8 * 4 + 3 * 16 * 4)  # X, G read; every expert's dW written
 
 
 def test_gathers():
     src, idx = torch.randn(10, 6), torch.tensor([1, 1, 4, 9, 0])
     cv, asc = index_stats(idx, 10)
     assert only(torch.index_select, src, 0, idx) == GatherSpec(5, 6, 10, cv, asc)
-    assert only(lambda s, i: s[i], src, idx) == GatherSpec(5, 6, 10, cv, asc)
-    assert only(F.embedding, idx, src) == GatherSpec(5, 6, 10, cv, asc)
+    # advanced indexing is another aten kernel than index_select (several-fold slower on CPU)
+    assert only(lambda s, i: s[i], src, idx) == GatherSpec(5, 6, 10, cv, asc, op="index")
+    assert only(F.embedding, idx, src) == GatherSpec(5, 6, 10, cv, asc)  # embedding calls index_select
     g_idx = torch.tensor([[0, 2], [1, 1]])
     g_cv, g_asc = index_stats(g_idx, 6)
-    assert only(torch.gather, src[:2], 1, g_idx) == GatherSpec(4, 1, 6, g_cv, g_asc)
+    assert only(torch.gather, src[:2], 1, g_idx) == GatherSpec(4, 1, 6, g_cv, g_asc, op="gather")
 
 
 def test_scatters_fold_their_zero_fill():

@@ -200,4 +200,6 @@ def test_captured_suite_holds_each_distinct_kernel_once():
     a = capture_trace(net, torch.randn(4, 8))
     b = capture_trace(net, torch.randn(16, 8))
     suite = [s for _, s in captured_suite([a, b])]
-    assert suite == [GemmSpec(4, 8, 8), ElementwiseSpec("relu", 32), GemmSpec(16, 8, 8), ElementwiseSpec("relu", 128)]
+    # nn.Linear multiplies by its weight transposed: layout "nt"
+    assert suite == [GemmSpec(4, 8, 8, layout="nt"), ElementwiseSpec("relu", 32), GemmSpec(16, 8, 8, layout="nt"),
+                     ElementwiseSpec("relu", 128)]
