@@ -47,7 +47,7 @@ from rich.table import Table  # noqa: E402
 
 from costmodel.device import Fingerprint  # noqa: E402
 from costmodel.models import counted_in_bytes, kernel_work  # noqa: E402
-from costmodel.predictor import CostModel, StaleModelError  # noqa: E402
+from costmodel.predictor import CostModel, ModelVersionError, StaleModelError  # noqa: E402
 from costmodel.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -91,19 +91,26 @@ def load_device(path: Path) -> Device:
     notes: list[str] = []
     try:
         model = CostModel.load(profile)
+    except ModelVersionError:
+        model = _fit_in_memory(profile, kernels, notes, "models saved by an older version of this code")
     except StaleModelError:
         model = CostModel.load(profile, allow_stale=True)
         notes.append("models older than the profile (a bench may be writing it): used as they are")
-    except ProfileError:  # no models saved yet: fit in memory, never write into another machine's profile
-        if len(kernels) >= 10:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model = CostModel.fit_profile(profile)
-            notes.append(f"no saved models: fitted now on {len(kernels)} kernels (not saved)")
-        else:
-            model = None
-            notes.append(f"no saved models and only {len(kernels)} kernels: no L3")
+    except ProfileError:  # no models saved yet
+        model = _fit_in_memory(profile, kernels, notes, "no saved models")
     return Device(path.name, path, profile.fingerprint, ceilings, kernels, model, notes)
+
+
+def _fit_in_memory(profile: DeviceProfile, kernels: pd.DataFrame, notes: list[str], why: str) -> CostModel | None:
+    """Models fitted now, never written into another machine's profile."""
+    if len(kernels) >= 10:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = CostModel.fit_profile(profile)
+        notes.append(f"{why}: fitted now on {len(kernels)} kernels (not saved)")
+        return model
+    notes.append(f"{why} and only {len(kernels)} kernels: no L3")
+    return None
 
 
 def load_fleet(root: str | Path) -> tuple[list[Device], list[tuple[Path, str]]]:

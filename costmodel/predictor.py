@@ -38,11 +38,18 @@ MIN_ROWS_TO_FIT = 10
 #: 2: grouped_mm reads only the weights of experts that received tokens.
 #: 3: spmm reads only the rows of X its columns name (src_read_share) and has column features.
 #: 4: scatter backend index_put (accumulate), its own one-hot feature.
-MODEL_VERSION = 4
+#: 5: GEMM and grouped GEMM operand layouts (trans_a, trans_b), grouped_mm's weight-gradient
+#:    form, and the gather's aten op (index_select / index / gather) as features.
+MODEL_VERSION = 5
 
 
 class StaleModelError(RuntimeError):
     """The saved models were fitted on an older version of the profile."""
+
+
+class ModelVersionError(StaleModelError):
+    """The saved models were fitted with other kernel features than this code computes: they
+    cannot predict (not even ``allow_stale``); refit."""
 
 
 def training_table(profile: DeviceProfile) -> tuple[pd.DataFrame, np.ndarray, Mapping[str, Any]]:
@@ -128,8 +135,8 @@ class CostModel:
         if profile_hash != profile.content_hash() and not allow_stale:
             raise StaleModelError(f"models in {profile.path} were fitted before the profile last changed; refit")
         version = meta.pop("model_version", 1)
-        if version != MODEL_VERSION and not allow_stale:
-            raise StaleModelError(f"models in {profile.path} were fitted with kernel formulas v{version}; this code has "
+        if version != MODEL_VERSION:  # other features: unusable even where staleness is allowed
+            raise ModelVersionError(f"models in {profile.path} were fitted with kernel formulas v{version}; this code has "
                                   f"v{MODEL_VERSION}; refit")
         bundle = joblib.load(model_file)
         # saved beside the levels (the profile's kernels as fitted); models saved before

@@ -77,13 +77,15 @@ def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
 
 def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSpec]]:
     """The trio (first, so a trio shape also on the grid keeps its trio tag), the M x K x N
-    grid, and ``random.count`` log-uniform shapes (seeded)."""
+    grid in each of ``layouts`` (default ["nn"]; "nt" is every ``nn.Linear``), and
+    ``random.count`` log-uniform shapes (seeded, row-major)."""
     out: list[tuple[str, KernelSpec]] = []
     trio = cfg.get("equal_flops_trio")
     if trio:
         flops = trio_flops(ctx.memory_bytes, ctx.dtype, int(trio["max_operand_bytes"]))
         out += [(f"trio:{name}", s) for name, s in equal_flops_trio(flops, ctx.dtype)]
-    out += [("grid", GemmSpec(m, k, n, ctx.dtype)) for m, k, n in grid(cfg, "m", "k", "n")]
+    layouts = list(cfg.get("layouts", ["nn"]))
+    out += [("grid", GemmSpec(m, k, n, ctx.dtype, layout)) for layout in layouts for m, k, n in grid(cfg, "m", "k", "n")]
     rnd = cfg.get("random")
     if rnd:
         rng = np.random.default_rng(int(rnd["seed"]))
