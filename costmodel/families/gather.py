@@ -154,11 +154,19 @@ def _index(call: OpCall) -> KernelSpec:
 
 
 @register([aten.gather], family="gather",
-          note="op=gather; nearest: element-wise gather along a dim as index.numel() rows of width 1 out of "
-               "size(dim) sources")
+          note="op=gather; along dim 0 with the index broadcast over the other dims (stride 0: index.expand, "
+               "the backward of PyG's scatter) as rows of the trailing width; otherwise, nearest, "
+               "index.numel() rows of width 1 out of size(dim) sources")
 def _gather(call: OpCall) -> KernelSpec:
     src, dim, index = call.args[0], call.args[1], call.args[2]
-    return _gather_spec(index, 1, int(src.shape[dim]) if src.dim() else 1, src, "gather")
+    if not src.dim():
+        return _gather_spec(index, 1, 1, src, "gather")
+    dim = dim % src.dim()
+    if dim == 0 and index.dim() > 1 and all(index.stride(d) == 0 for d in range(1, index.dim())):
+        # one index per row, broadcast along it: the kernel reads rows (its index reads are one per row)
+        return _gather_spec(index.reshape(index.shape[0], -1)[:, 0], prod(index.shape[1:]), int(src.shape[0]), src,
+                            "gather")
+    return _gather_spec(index, 1, int(src.shape[dim]), src, "gather")
 
 
 @register([aten.nll_loss_forward], family="gather",

@@ -112,3 +112,21 @@ def test_a_root_of_only_corrupt_profiles_is_an_error(tmp_path):
     (bad / "fingerprint.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(fleet.FleetError, match="all 1 were skipped"):
         fleet.load_fleet(tmp_path / "root")
+
+
+def test_models_saved_by_another_code_version_are_refitted_in_memory(tmp_path):
+    """A profile whose saved models another version of the code fitted (other features):
+    fleet refits them in memory, says so, and leaves the files as they were."""
+    import json
+
+    dst = tmp_path / WARM
+    shutil.copytree(ROOT / "profiles" / WARM, dst)
+    meta_file = dst / "models.json"
+    meta = json.loads(meta_file.read_text())
+    meta["model_version"] = int(meta["model_version"]) - 1
+    meta_file.write_text(json.dumps(meta))
+    before = (dst / "models.joblib").read_bytes()
+    device = fleet.load_device(dst)
+    assert device.model is not None
+    assert any("older version of this code" in n and "not saved" in n for n in device.notes)
+    assert (dst / "models.joblib").read_bytes() == before

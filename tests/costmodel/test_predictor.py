@@ -12,7 +12,7 @@ import torch
 from costmodel.device import ProfileMismatchError, fingerprint
 from costmodel.features import kernel_table
 from costmodel.kernels import GemmSpec, GroupedGemmSpec, SortSpec
-from costmodel.predictor import MODEL_VERSION, CostModel, StaleModelError
+from costmodel.predictor import MODEL_VERSION, CostModel, ModelVersionError, StaleModelError
 from costmodel.profile import DeviceProfile, ProfileError
 
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
@@ -87,6 +87,9 @@ def test_models_fitted_with_older_kernel_formulas_are_stale(profile):
     meta_file.write_text(json.dumps(meta))
     with pytest.raises(StaleModelError, match=f"v{MODEL_VERSION - 1}.*v{MODEL_VERSION}"):
         CostModel.load(profile)
+    # other features than this code computes: unusable even where staleness is allowed
+    with pytest.raises(ModelVersionError, match="refit"):
+        CostModel.load(profile, allow_stale=True)
 
 
 def test_profile_kernels_follow_current_byte_formulas(profile):

@@ -95,6 +95,9 @@ def test_gathers():
     g_idx = torch.tensor([[0, 2], [1, 1]])
     g_cv, g_asc = index_stats(g_idx, 6)
     assert only(torch.gather, src[:2], 1, g_idx) == GatherSpec(4, 1, 6, g_cv, g_asc, op="gather")
+    # an index broadcast along the row (PyG's scatter backward: index.view(-1, 1).expand(-1, F)) gathers rows
+    rows = idx.view(-1, 1).expand(5, 6)
+    assert only(torch.gather, src, 0, rows) == GatherSpec(5, 6, 10, cv, asc, op="gather")
 
 
 def test_scatters_fold_their_zero_fill():
