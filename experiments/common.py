@@ -486,6 +486,12 @@ def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: s
                          symlog_x=symlog_x)
 
 
+def skew_axis_label(df: pd.DataFrame, param: str) -> str:
+    """The swept knob, with the in-degree CV it produced at both ends."""
+    ends = df.sort_values("value")["degree_cv"]
+    return f"graph {param} (the swept skew knob; in-degree CV {ends.iloc[0]:.2f} to {ends.iloc[-1]:.2f})"
+
+
 def _plain_log_ticks(axis: Any) -> None:
     """1-2-5 ticks as plain numbers on a log axis (no 6x10^1; minor labels off: they collide)."""
     axis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
@@ -498,12 +504,21 @@ def _finish_latency_plot(fig: Any, ax: Any, path: Path, *, xlabel: str, ylabel: 
     """The shared end of the latency-vs-knob plots: log latency with plain ticks, labels, save."""
     if symlog_x:
         ax.set_xscale("symlog", linthresh=1.0)
+    xs = sorted({float(v) for line in ax.get_lines() for v in line.get_xdata() if np.isfinite(v)})
+    if 1 < len(xs) <= 12 and all(x == float(f"{x:.3g}") for x in xs):  # a few round values: a tick at each
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(xs))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_yscale("log")
     _plain_log_ticks(ax.yaxis)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(True, which="both", alpha=0.2)
-    ax.legend(fontsize=7)
+    if len(ax.get_legend_handles_labels()[0]) > 8:  # many backends: beside the axes, off the data
+        fig.set_size_inches(11, 5)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=7)
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -27,7 +27,7 @@ from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
-    print_summary, print_table, summary, write_outputs,
+    print_summary, print_table, skew_axis_label, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
@@ -191,8 +191,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: li
     return predict_only(
         "gnn_degree", model, workloads, details, out, extra=winners,
         plot=lambda df: plot_predicted_by_backend(
-            df, "degree_cv", out / "latency_vs_skew.png", symlog_x=True,
-            xlabel=f"in-degree coefficient of variation ({param} swept)",
+            df, "value", out / "latency_vs_skew.png", xlabel=skew_axis_label(df, param),
             title="GNN layer (predicted only): latency vs degree skew"),
         columns={"value": "", "backend": "", "degree_cv": ".2f", "pred_L0_s": "ms", "pred_L2_s": "ms",
                  "pred_L3_s": "ms", "predicted_winner": ""},
@@ -200,8 +199,8 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: li
 
 
 def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:
-    plot_latency_by_backend(df, "degree_cv", out / "latency_vs_skew.png", symlog_x=True,
-                            xlabel=f"in-degree coefficient of variation ({cfg['graph']['sweep']['param']} swept)",
+    plot_latency_by_backend(df, "value", out / "latency_vs_skew.png",
+                            xlabel=skew_axis_label(df, cfg["graph"]["sweep"]["param"]),
                             title="GNN layer: latency vs degree skew, per aggregation backend")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="GNN layer: predicted vs measured",
                                hue="backend")

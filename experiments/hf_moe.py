@@ -220,8 +220,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         "training": training_details(df), "model_profile": str(model.fingerprint.id),
     })
     write_outputs(out, df, summ)
-    plot_latency_by_backend(blocks, "max_over_mean", out / "latency_vs_concentration.png",
-                            xlabel="expert load max/mean (routing swept)", l0_label="L0 = FLOPs / peak",
+    # the swept knob on x, as moe_skew: max/mean load saturates at E/top_k and stacks the
+    # most concentrated points on one vertical line
+    param = cfg["routing"]["sweep"]["param"]
+    plot_latency_by_backend(blocks, "value", out / "latency_vs_concentration.png", symlog_x=True,
+                            xlabel=f"routing {param} (the swept concentration knob)", l0_label="L0 = FLOPs / peak",
                             title="transformers MoE blocks: latency vs routing concentration")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="hf_moe: predicted vs measured", hue="kind")
     print_table(df, {"module": "", "kind": "", "value": "", "max_over_mean": ".2f", "measured_s": "ms", "pred_L0_s": "ms",

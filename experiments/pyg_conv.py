@@ -26,7 +26,7 @@ from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
 )
 from experiments.common import (  # noqa: E402
-    calibration_options, check_common, check_coverage_iterations, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    calibration_options, check_common, check_coverage_iterations, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary, skew_axis_label,
     print_table, summary, write_outputs,
 )
 from sim.api import capture_module  # noqa: E402
@@ -153,7 +153,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         "training": training_details(df), "model_profile": str(model.fingerprint.id),
     })
     write_outputs(out, df, summ)
-    plot_latency_by_backend(df, "degree_cv", out / "latency_vs_skew.png", xlabel="in-degree CV (graph skew swept)",
+    plot_latency_by_backend(df, "value", out / "latency_vs_skew.png", xlabel=skew_axis_label(df, cfg["graph"]["sweep"]["param"]),
                             title="PyG convolutions: latency vs degree skew")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="pyg_conv: predicted vs measured", hue="backend")
     print_table(df, {"backend": "", "value": "", "degree_cv": ".2f", "measured_s": "ms", "pred_L0_s": "ms",
