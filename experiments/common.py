@@ -486,6 +486,13 @@ def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: s
                          symlog_x=symlog_x)
 
 
+def knob_axis_symlog(values: Any) -> bool:
+    """A swept knob from 0 over several units (Zipf exponent 0..8): symlog spreads the values
+    near 0 that a linear axis would crowd into one tick label."""
+    v = np.asarray(list(values), dtype=float)
+    return bool(len(v) and v.min() == 0 and v.max() >= 4)
+
+
 def skew_axis_label(df: pd.DataFrame, param: str) -> str:
     """The swept knob, with the in-degree CV it produced at both ends."""
     ends = df.sort_values("value")["degree_cv"]
@@ -502,9 +509,11 @@ def _plain_log_ticks(axis: Any) -> None:
 def _finish_latency_plot(fig: Any, ax: Any, path: Path, *, xlabel: str, ylabel: str, title: str,
                          symlog_x: bool) -> None:
     """The shared end of the latency-vs-knob plots: log latency with plain ticks, labels, save."""
+    xs = sorted({float(v) for line in ax.get_lines() for v in line.get_xdata() if np.isfinite(v)})
     if symlog_x:
         ax.set_xscale("symlog", linthresh=1.0)
-    xs = sorted({float(v) for line in ax.get_lines() for v in line.get_xdata() if np.isfinite(v)})
+    elif xs and xs[0] > 0 and xs[-1] / xs[0] >= 20:  # a knob swept over decades (Dirichlet concentration)
+        ax.set_xscale("log")
     if 1 < len(xs) <= 12 and all(x == float(f"{x:.3g}") for x in xs):  # a few round values: a tick at each
         ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(xs))
         ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
