@@ -157,10 +157,11 @@ def test_two_benches_on_one_profile_root_wait_their_turn_and_keep_every_row_once
 
 def test_ctrl_c_during_bench_says_what_was_kept_and_the_rerun_counts_it(tmp_path):
     root = tmp_path / "profiles"
-    # long enough (about 15 s) that the interrupt lands mid-run on a fast, quiet machine too:
-    # the first rows reach the disk at the first flush, seconds before the end
+    # long enough (about 40 s) that the interrupt lands mid-run on a fast, quiet machine too:
+    # the first rows reach the disk at the first flush, seconds after the start (at 0.5 s,
+    # about 15 s in all, one fresh-clone run finished before the signal landed)
     args = ["bench", f"profile.root={root}", "bench.families=[sort,histogram,elementwise]",
-            "timing.min_run_time_s=0.5", "timing.rounds=3", f"hydra.run.dir={tmp_path / 'out'}"]
+            "timing.min_run_time_s=1.5", "timing.rounds=3", f"hydra.run.dir={tmp_path / 'out'}"]
     log = tmp_path / "bench.log"
     bench = _start(*args, cwd=tmp_path, log=log)
     try:
