@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from costmodel.families import family_of
+from costmodel.families.aten_map import is_transposed_view
 from costmodel.families.inputs import csr_from_index  # noqa: F401 (re-exported: sim.gnn_layer builds its CSR with it)
 from costmodel.kernels import KernelSpec
 
@@ -48,7 +49,7 @@ def _arena(dtype: torch.dtype, device: str) -> torch.Tensor:
 def _rotations(inputs: Inputs, device: torch.device) -> list[Inputs]:
     """Input tuples whose dense floating-point tensors are views at rotating arena offsets."""
     dense = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.layout == torch.strided
-             and t.is_floating_point() and t.numel() > 1 and (t.is_contiguous() or _transposed_view(t))]
+             and t.is_floating_point() and t.numel() > 1 and (t.is_contiguous() or is_transposed_view(t))]
     if not dense:
         return [inputs]
     copies = MAX_ROTATIONS
@@ -69,10 +70,6 @@ def _rotations(inputs: Inputs, device: torch.device) -> list[Inputs]:
             items[i] = slot.view(t.shape) if t.is_contiguous() else slot.view(t.mT.shape).mT
         out.append(tuple(items))
     return out
-
-
-def _transposed_view(t: torch.Tensor) -> bool:
-    return t.dim() >= 2 and t.mT.is_contiguous()
 
 
 def make_runner(spec: KernelSpec, device: torch.device | str = "cpu", *, seed: int = 0,

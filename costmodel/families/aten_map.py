@@ -114,10 +114,11 @@ def matrix_layout(*operands: torch.Tensor) -> str:
     """The layout of matrix operands as called: "t" for one whose last two dims are a
     transposed view of row-major storage (``W.t()``), "n" otherwise (an operand in any other
     strided form is copied by BLAS or read as it is: the nearest is "n")."""
-    return "".join("t" if _transposed(x) else "n" for x in operands)
+    return "".join("t" if is_transposed_view(x) else "n" for x in operands)
 
 
-def _transposed(x: torch.Tensor) -> bool:
+def is_transposed_view(x: torch.Tensor) -> bool:
+    """Whether ``x``'s last two dims are a transposed view of row-major storage."""
     if x.dim() < 2 or x.is_contiguous():
         return False
     return x.transpose(-2, -1).is_contiguous()

@@ -9,7 +9,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from costmodel.families.descriptor import DTYPE_BYTES, layout_flags
+from costmodel.families.descriptor import DTYPE_BYTES
 
 
 def log10(x: Any) -> np.ndarray:
@@ -49,10 +49,16 @@ def aggregation_features(t: pd.DataFrame, rows: np.ndarray, table_rows: np.ndarr
     }
 
 
+def optional_column(t: pd.DataFrame, name: str, default: str) -> pd.Series:
+    """An optional descriptor field as text, ``default`` where unset (empty, NaN, or a table
+    from before the field existed)."""
+    if name not in t.columns:
+        return pd.Series(default, index=t.index)
+    return t[name].fillna(default).astype(str)
+
+
 def layout_features(t: pd.DataFrame) -> dict[str, np.ndarray]:
-    """0/1 per row: A transposed, B transposed (a table without a layout column is all "nn")."""
-    if "layout" not in t.columns:
-        zeros = np.zeros(len(t))
-        return {"trans_a": zeros, "trans_b": zeros.copy()}
-    flags = np.array([layout_flags(v) for v in t["layout"]], dtype=np.float64).reshape(len(t), 2)
-    return {"trans_a": flags[:, 0], "trans_b": flags[:, 1]}
+    """0/1 per row: A transposed, B transposed (unset = "nn")."""
+    layout = optional_column(t, "layout", "nn")
+    return {"trans_a": (layout.str[0] == "t").to_numpy(dtype=np.float64),
+            "trans_b": (layout.str[1] == "t").to_numpy(dtype=np.float64)}

@@ -68,21 +68,28 @@ def check_choice(obj: object, name: str, allowed: tuple[str, ...]) -> None:
 LAYOUTS = ("nn", "nt", "tn", "tt")
 
 
-def check_layout(obj: object, name: str = "layout") -> None:
-    """``layout`` among ``LAYOUTS``; "nn" is stored as None (unset), so the key of a
-    row-major product is the one it had before layouts existed."""
+def check_optional_choice(obj: object, name: str, allowed: tuple[str, ...]) -> None:
+    """An optional field among ``allowed`` whose first entry is the default: the default is
+    stored as None (unset), so a descriptor that names it keeps the key rows had before the
+    field existed."""
     value = getattr(obj, name)
     if value is None:
         return
-    if value not in LAYOUTS:
-        raise ValueError(f"{type(obj).__name__}.{name} must be one of {list(LAYOUTS)} (or None = 'nn'), got {value!r}")
-    if value == "nn":
+    if value not in allowed:
+        raise ValueError(f"{type(obj).__name__}.{name} must be one of {list(allowed)} "
+                         f"(or None = {allowed[0]!r}), got {value!r}")
+    if value == allowed[0]:
         object.__setattr__(obj, name, None)
 
 
+def check_layout(obj: object, name: str = "layout") -> None:
+    """``layout`` among ``LAYOUTS``; "nn" is stored unset (``check_optional_choice``)."""
+    check_optional_choice(obj, name, LAYOUTS)
+
+
 def layout_flags(layout: Any) -> tuple[bool, bool]:
-    """(A transposed, B transposed) of a layout (None or NaN = "nn")."""
-    text = layout if isinstance(layout, str) and layout in LAYOUTS else "nn"
+    """(A transposed, B transposed) of a descriptor's layout (None = "nn")."""
+    text = layout or "nn"
     return text[0] == "t", text[1] == "t"
 
 

@@ -12,8 +12,10 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, index_stats, prod, register, spec_dtype
-from costmodel.families.columns import aggregation_features, column, flag, onehot
-from costmodel.families.descriptor import FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_cv, check_positive
+from costmodel.families.columns import aggregation_features, column, flag, onehot, optional_column
+from costmodel.families.descriptor import (
+    FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_cv, check_optional_choice, check_positive,
+)
 from costmodel.families.elementwise import ElementwiseSpec
 from costmodel.families.inputs import randn, skewed_index
 from costmodel.families.registry import SuiteContext, grid, register_family
@@ -55,10 +57,7 @@ class GatherSpec(KernelSpec):
         super().__post_init__()
         check_positive(self, "num_rows", "width", "num_src")
         check_cv(self, "index_cv")
-        if self.op is not None and self.op not in GATHER_OPS:
-            raise ValueError(f"GatherSpec.op must be one of {list(GATHER_OPS)} (or None = 'index_select'), got {self.op!r}")
-        if self.op == "index_select":
-            object.__setattr__(self, "op", None)  # the default: keys of rows measured before ``op`` existed
+        check_optional_choice(self, "op", GATHER_OPS)  # index_select unset: the keys of rows from before ``op``
 
     def flops(self) -> float:
         return 0.0  # pure data movement
@@ -101,9 +100,8 @@ def build(spec: GatherSpec, device: torch.device, gen: torch.Generator, seed: in
 def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """The aggregation features over the rows read, whether the index is ascending, and the
     aten op (``op``; unset = index_select)."""
-    op = t["op"] if "op" in t.columns else pd.Series([None] * len(t), index=t.index)
     return {**aggregation_features(t, column(t, "num_rows"), column(t, "num_src")), "sorted": flag(t["sorted"]),
-            **onehot(op.fillna("index_select"), GATHER_OPS[1:], "op")}
+            **onehot(optional_column(t, "op", GATHER_OPS[0]), GATHER_OPS[1:], "op")}
 
 
 # ----------------------------------------------------------------------------- aten ops
