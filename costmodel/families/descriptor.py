@@ -135,6 +135,13 @@ class KernelSpec:
         """FLOPs per ideal byte moved (Williams et al. 2009)."""
         return self.flops() / self.bytes_moved()
 
+    def read_prefix_numel(self) -> tuple[int | None, ...] | None:
+        """Per input of the family's runner, how many leading elements one call reads where
+        that is fewer than the operand holds (None: all of it); None for every family that
+        reads its operands whole. The cold rotation (``costmodel.runners``) spaces copies by
+        what is read, so a call that reads a sliver of a large operand still reads it cold."""
+        return None
+
     # -- tables -----------------------------------------------------------------
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -97,6 +97,13 @@ class GroupedGemmSpec(KernelSpec):
             return self.num_experts
         return sum(1 for c in self.tokens_per_expert if c > 0)
 
+    def read_prefix_numel(self) -> tuple[int | None, ...] | None:
+        """The forward ``grouped_mm`` reads only its non-empty experts' weights: its runner
+        puts them first (``build``), so a call reads the weight's leading E_read * K * N."""
+        if self.impl != "grouped_mm" or self.weight_experts() == self.num_experts:
+            return None
+        return (None, self.weight_experts() * self.k * self.n, None)
+
     def bytes_moved(self) -> float:
         # Inputs read once, outputs written once, each read expert's weight once:
         # s * (rows*K + E_read*K*N + rows*N), rows = executed rows (padding included); the
@@ -167,10 +174,15 @@ def build(spec: GroupedGemmSpec, device: torch.device, gen: torch.Generator,
     if spec.impl == "padded_bmm":
         return ops.grouped_padded_bmm, (randn_laid_out((spec.num_experts, spec.max_tokens, spec.k), trans_a, dt, device, gen),
                                         randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen))
-    offsets = torch.tensor(np.cumsum(spec.tokens_per_expert), dtype=torch.int32, device=device)
     if spec.impl == "grouped_mm_ragged_k":
+        offsets = torch.tensor(np.cumsum(spec.tokens_per_expert), dtype=torch.int32, device=device)
         return ops.grouped_mm, (randn_laid_out((spec.k, spec.total_tokens), trans_a, dt, device, gen),
                                 randn_laid_out((spec.total_tokens, spec.n), trans_b, dt, device, gen), offsets)
+    # Non-empty groups first (stable): the same work (one GEMM per non-empty group, empty ones
+    # skipped wherever they sit), with every weight the call reads in one leading block
+    # (``GroupedGemmSpec.read_prefix_numel``), which the cold rotation can keep out of cache.
+    counts = [c for c in spec.tokens_per_expert if c > 0] + [c for c in spec.tokens_per_expert if c == 0]
+    offsets = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=device)
     return ops.grouped_mm, (randn_laid_out((spec.total_tokens, spec.k), trans_a, dt, device, gen),
                             randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen), offsets)
 

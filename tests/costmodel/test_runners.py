@@ -90,3 +90,44 @@ def test_index_put_and_index_add_sum_the_same_rows():
     put = ops.scatter(src, index, 5, reduce="sum", backend="index_put")
     add = ops.scatter(src, index, 5, reduce="sum", backend="index_add")
     assert torch.allclose(put, add) and put[1].abs().sum() == 0
+
+
+def test_grouped_mm_reads_a_prefix_of_its_weights_only_when_experts_are_empty():
+    assert GroupedGemmSpec((3, 0, 5, 0), 8, 16, "grouped_mm").read_prefix_numel() == (None, 2 * 8 * 16, None)
+    assert GroupedGemmSpec((3, 1, 5), 8, 16, "grouped_mm").read_prefix_numel() is None  # every expert read
+    assert GroupedGemmSpec((3, 0, 5), 8, 16, "padded_bmm").read_prefix_numel() is None  # bmm reads every slice
+    assert GroupedGemmSpec((3, 0, 5), 8, 16, "grouped_mm_ragged_k").read_prefix_numel() is None  # writes every dW_e
+    assert GemmSpec(3, 8, 16).read_prefix_numel() is None
+
+
+def test_grouped_mm_runner_puts_the_non_empty_groups_first(monkeypatch):
+    seen = []
+    real = ops.grouped_mm
+    monkeypatch.setattr(ops, "grouped_mm", lambda x, w, offs: seen.append(offs.tolist()) or real(x, w, offs))
+    out = runners.make_runner(GroupedGemmSpec((0, 3, 0, 5), 8, 16, "grouped_mm"))()
+    assert seen == [[3, 8, 8, 8]] and tuple(out.shape) == (8, 16)  # groups 3, 5, 0, 0: the same work
+
+
+@pytest.mark.parametrize("layout", [None, "nt"])
+def test_cold_rotation_spaces_copies_by_what_a_call_reads(monkeypatch, layout):
+    # 2 of 64 experts hold tokens: 64 * 64 * 64 floats held, 2 * 64 * 64 read per call
+    spec = GroupedGemmSpec((5, 3) + (0,) * 62, 64, 64, "grouped_mm", layout=layout)
+    monkeypatch.setattr(runners, "ARENA_BYTES", 8 * 1024**2)  # 2M floats
+    runners._arena.cache_clear()
+    try:
+        op, inputs = runners._build(spec, torch.device("cpu"), 0)
+        pool = runners._rotations(inputs, torch.device("cpu"), spec.read_prefix_numel())
+        read = 2 * 64 * 64
+        # spaced by the operand's size, (2M - 262k) / 262k + 1 = 7 copies would fit; spaced by
+        # what is read, (2M - 262k - 512) / (8192 + 512) + 1 = 211
+        assert len(pool) == 211
+        arena = runners._arena(torch.float32, "cpu")
+        starts = [(w.data_ptr() - arena.data_ptr()) // 4 for _, w, _ in pool]
+        assert all(b - a == read for a, b in zip(starts, starts[1:]))  # read parts never overlap
+        assert starts[-1] + 64 * 64 * 64 <= arena.numel()
+        xs = [(x.data_ptr() - arena.data_ptr()) // 4 for x, _, _ in pool]
+        assert max(xs) + 8 * 64 <= starts[0]  # the tokens rotate in their own part of the arena
+        assert all(not w.is_contiguous() for _, w, _ in pool) == (layout == "nt")
+        assert torch.equal(pool[3][2], inputs[2])  # offsets are not rotated
+    finally:
+        runners._arena.cache_clear()
