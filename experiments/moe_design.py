@@ -20,8 +20,16 @@ boundary, half stratified over regions; only points small enough to time, ``samp
 timed for real on every backend (``measure_interleaved``, backends interleaved per point),
 and ``details.decisions`` scores the decisions: ``sampled``, ``separable`` (points whose two
 fastest measured backends differ by more than the noise: both IQRs and ``sample.noise_pct``
-of the faster), ``agree_pct`` (predicted-fastest = measured-fastest, over separable points)
-and ``mean_loss_pct`` (latency lost by following the prediction where it disagrees).
+of the faster, in every one of ``sample.passes`` passes over the sample, which all find the
+same fastest backend), ``agree_pct`` (predicted-fastest = measured-fastest, over separable
+points) and ``mean_loss_pct`` (latency lost by following the prediction where it disagrees);
+``reproducible`` counts the points whose fastest backend every pass agrees on, and
+``single_pass`` scores each pass alone, as if it had been the only one.
+
+Why passes: on the development VM a second pass over one 30-point sample an hour later found
+another fastest backend at 12 of the 30 points, 3 of them among the 8 that the first pass
+alone called separable (gaps of 6-11%, each within its own pass's noise): a decision that
+flips from one hour to the next is not one the measurement can score.
 
 Outputs: results.csv (one row per configuration), decisions_<rows>_x_<cols>.csv and .png
 per region pair, sample.csv (measured points), summary.json (the common schema; errors
@@ -68,6 +76,8 @@ MEASURES = "optional"
 GRID_AXES = ("tokens", "d_model", "num_experts", "top_k")
 #: grid kernels predicted slower than this are not calibrated on (each is timed ~9 times)
 GRID_KERNEL_MAX_S = 0.05
+#: sample.passes at most (each pass times every backend of every sampled point)
+MAX_PASSES = 5
 
 
 # ----------------------------------------------------------------------------- validation
@@ -117,6 +127,9 @@ def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
             raise ValueError(f"sample.{key} must be > 0, got {s[key]!r}")
     if not (isinstance(s["noise_pct"], (int, float)) and 0 <= s["noise_pct"] < 100):
         raise ValueError(f"sample.noise_pct must be in [0, 100), got {s['noise_pct']!r}")
+    passes = s.get("passes", 1)
+    if isinstance(passes, bool) or not isinstance(passes, int) or not 1 <= passes <= MAX_PASSES:
+        raise ValueError(f"sample.passes must be an integer in [1, {MAX_PASSES}], got {passes!r}")
     anchor = dict(d["anchor"])
     calibrate = d.get("calibrate_kernels", 0)
     if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 0:
@@ -237,35 +250,91 @@ def choose_sample(points: pd.DataFrame, n: int, seed: int) -> list[int]:
     return sorted(int(p) for p in chosen)
 
 
+def combine_passes(passes: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """One table from ``measure_sample``'s passes (same rows, same order): ``measured_s``
+    the median of the passes' values, ``measured_iqr_s`` and ``round_cv`` the largest,
+    ``rounds_timed`` summed, ``noisy`` if any pass was; each pass's ``measured_s`` and
+    ``measured_iqr_s`` kept as ``measured_s_pass<i>`` / ``measured_iqr_s_pass<i>``, and
+    ``pass_cv`` the CV of the passes' values (0 for one pass)."""
+    values = np.column_stack([t["measured_s"].to_numpy() for t in passes])
+    out = pd.DataFrame({
+        "measured_s": np.median(values, axis=1),
+        "measured_iqr_s": np.max([t["measured_iqr_s"].to_numpy() for t in passes], axis=0),
+        "round_cv": np.max([t["round_cv"].to_numpy() for t in passes], axis=0),
+        "rounds_timed": np.sum([t["rounds_timed"].to_numpy() for t in passes], axis=0),
+        "noisy": np.any([t["noisy"].to_numpy(dtype=bool) for t in passes], axis=0),
+        "pass_cv": values.std(axis=1, ddof=1) / values.mean(axis=1) if len(passes) > 1 else 0.0,
+    }, index=passes[0].index)
+    for i, t in enumerate(passes):
+        out[f"measured_s_pass{i}"] = t["measured_s"].to_numpy()
+        out[f"measured_iqr_s_pass{i}"] = t["measured_iqr_s"].to_numpy()
+    return out
+
+
+def _pass_columns(sample: pd.DataFrame) -> list[tuple[str, str]]:
+    """(time, IQR) column pairs, one per pass over the sample (one pair without passes)."""
+    n = sum(1 for c in sample.columns if c.startswith("measured_s_pass"))
+    if not n:
+        return [("measured_s", "measured_iqr_s")]
+    return [(f"measured_s_pass{i}", f"measured_iqr_s_pass{i}") for i in range(n)]
+
+
+def _fastest_and_gap(g: pd.DataFrame, time_col: str, iqr_col: str, noise_pct: float) -> tuple[str, str | None, float | None, bool]:
+    """(fastest backend, next, gap % of the fastest, separable) of one point in one pass:
+    separable when the gap exceeds both backends' IQRs and ``noise_pct`` % of the faster."""
+    meas = g[time_col].sort_values(kind="stable")
+    if len(meas) < 2:
+        return meas.index[0], None, None, False
+    t1, t2 = meas.iloc[0], meas.iloc[1]
+    iqr = g[iqr_col]
+    separable = bool(t2 - t1 > max(iqr[meas.index[0]], iqr[meas.index[1]], noise_pct / 100 * t1))
+    return meas.index[0], meas.index[1], 100 * (t2 - t1) / t1, separable
+
+
 def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: float) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Score the predicted choices on measured points: ``sample`` has one row per (point,
-    backend) with measured_s, measured_iqr_s, pred_L0_s, pred_L3_s.
+    backend) with measured_s, measured_iqr_s, pred_L0_s, pred_L3_s, and, when the sample
+    was timed in several passes (``combine_passes``), each pass's time and IQR.
 
-    A point is *separable* when the gap between its two fastest measured backends exceeds
-    both their IQRs and ``noise_pct`` % of the faster; ``agree_pct`` is the share of
-    separable points where L3's fastest is the measured fastest; ``mean_loss_pct`` the mean
-    latency lost (measured, % over the fastest) at the separable points where it is not
-    (0 when it always agrees). The same for L0 (ties broken in ``backends`` order)."""
+    In one pass a point is separable when the gap between its two fastest measured backends
+    exceeds both their IQRs and ``noise_pct`` % of the faster; over several passes, when it
+    is separable in every pass and every pass finds the same fastest backend
+    (``reproducible``). ``agree_pct`` is the share of separable points where L3's fastest is
+    the measured fastest; ``mean_loss_pct`` the mean latency lost (measured, % over the
+    fastest) at the separable points where it is not (0 when it always agrees). The same
+    for L0 (ties broken in ``backends`` order). ``single_pass`` scores each pass alone."""
+    passes = _pass_columns(sample)
     per_point = []
     for p, g in sample.groupby("point", sort=True):
         g = g.set_index("backend").loc[[b for b in backends if b in set(g["backend"])]]
-        meas = g["measured_s"].sort_values(kind="stable")
-        t1, t2 = meas.iloc[0], meas.iloc[1] if len(meas) > 1 else np.inf
-        iqr = g["measured_iqr_s"]
-        gap = t2 - t1
-        separable = bool(len(meas) > 1 and gap > max(iqr[meas.index[0]], iqr[meas.index[1]], noise_pct / 100 * t1))
+        each = [_fastest_and_gap(g, t, q, noise_pct) for t, q in passes]
+        fastest, nxt, gap, _ = _fastest_and_gap(g, "measured_s", "measured_iqr_s", noise_pct)
+        reproducible = len({e[0] for e in each}) == 1
+        separable = reproducible and all(e[3] for e in each)
+        t1 = g.loc[fastest, "measured_s"]
         l0 = g["pred_L0_s"]
         pred = {"L3": g["pred_L3_s"].idxmin(), "L0": l0.index[int(np.argmax(np.abs(l0 / l0.min() - 1) <= L0_TIE_REL))]}
         per_point.append({
-            "point": p, "measured_fastest": meas.index[0], "measured_next": meas.index[1] if len(meas) > 1 else None,
-            "measured_gap_pct": 100 * gap / t1 if len(meas) > 1 else None, "separable": separable,
+            "point": p, "measured_fastest": fastest, "measured_next": nxt, "measured_gap_pct": gap,
+            "separable": separable, "reproducible": reproducible,
+            "fastest_per_pass": "|".join(e[0] for e in each),
+            "gap_pct_per_pass": "|".join("" if e[2] is None else f"{e[2]:.1f}" for e in each),
+            **{f"separable_pass{i}": e[3] for i, e in enumerate(each)},
+            **{f"agree_pass{i}": pred["L3"] == e[0] for i, e in enumerate(each)},
             **{f"predicted_fastest_{lv}": b for lv, b in pred.items()},
-            **{f"agree_{lv}": pred[lv] == meas.index[0] for lv in pred},
+            **{f"agree_{lv}": pred[lv] == fastest for lv in pred},
             **{f"loss_{lv}_pct": 100 * (g.loc[pred[lv], "measured_s"] / t1 - 1) for lv in pred},
         })
     pp = pd.DataFrame(per_point)
     sep = pp[pp["separable"]] if len(pp) else pp
-    scores: dict[str, Any] = {"sampled": int(len(pp)), "separable": int(len(sep)), "noise_pct": noise_pct}
+    scores: dict[str, Any] = {"sampled": int(len(pp)), "separable": int(len(sep)), "noise_pct": noise_pct,
+                              "passes": len(passes), "reproducible": int(pp["reproducible"].sum()) if len(pp) else 0}
+    if len(passes) > 1:
+        scores["single_pass"] = [
+            {"separable": int(pp[f"separable_pass{i}"].sum()),
+             "agree_pct": round(100 * float(pp.loc[pp[f"separable_pass{i}"], f"agree_pass{i}"].mean()), 2)
+             if pp[f"separable_pass{i}"].any() else None}
+            for i in range(len(passes))]
     for lv, suffix in (("L3", ""), ("L0", "_L0")):
         if len(sep):
             wrong = sep[~sep[f"agree_{lv}"]]
@@ -277,13 +346,14 @@ def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: fl
     return pp, scores
 
 
-def measure_sample(sample_rows: pd.DataFrame, routings: Mapping[tuple, Any], rt: Runtime, progress: bool) -> pd.DataFrame:
+def measure_sample(sample_rows: pd.DataFrame, routings: Mapping[tuple, Any], rt: Runtime, progress: bool,
+                   label: str = "") -> pd.DataFrame:
     """Time every backend of every sampled point (interleaved per point), one layer set at a time."""
     out = []
     bar = make_progress(progress)
     points = list(sample_rows.groupby("point", sort=True))
     with bar:
-        task = bar.add_task("measure sampled design points", total=len(points), current="")
+        task = bar.add_task(f"measure sampled design points{label}", total=len(points), current="")
         for p, g in points:
             first = g.iloc[0]
             routing = routings[(int(first["tokens"]), int(first["num_experts"]), int(first["top_k"]), int(first["routing_key"]))]
@@ -400,7 +470,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         raise ValueError("no design point is small enough to time (sample.max_weight_bytes, sample.max_predicted_s); "
                          "raise them or set measure=false")
     sample_rows = df[df["point"].isin(chosen)]
-    timed = measure_sample(sample_rows, routings, rt, progress)
+    n_passes = int(cfg["sample"].get("passes", 1))
+    timed = combine_passes([measure_sample(sample_rows, routings, rt, progress,
+                                           f" (pass {i + 1}/{n_passes})" if n_passes > 1 else "")
+                            for i in range(n_passes)])
     sample = add_errors(pd.concat([sample_rows, timed], axis=1))
     sample.attrs["rounds"] = rt.timing.rounds
     per_point, scores = decision_scores(sample, spec["backends"], float(cfg["sample"]["noise_pct"]))
@@ -413,9 +486,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     summ = summary("moe_design", rt.fingerprint.describe(), sample, details=details)
     write_outputs(out, df, summ)
     print_table(per_point, {"point": "", "tokens": "", "d_model": "", "num_experts": "", "top_k": "", "routing": "",
-                            "margin_L3_pct": ".1f", "measured_fastest": "", "predicted_fastest_L3": "",
-                            "measured_gap_pct": ".1f", "separable": "", "loss_L3_pct": ".1f"},
+                            "margin_L3_pct": ".1f", "fastest_per_pass": "", "gap_pct_per_pass": "",
+                            "predicted_fastest_L3": "", "separable": "", "loss_L3_pct": ".1f"},
                 title="measured sample: predicted (L3) vs measured fastest backend")
+    if scores["passes"] > 1:
+        console.print(f"{scores['passes']} passes over the sample: {scores['reproducible']} of {scores['sampled']} points "
+                      "found the same fastest backend in every pass; each pass alone: "
+                      + ", ".join(f"{x['separable']} separable, L3 agrees at {x['agree_pct']}%" for x in scores["single_pass"]))
     console.print(f"decisions: {scores['sampled']} points sampled, {scores['separable']} separable; L3's choice agrees at "
                   f"{scores['agree_pct']}% of them (L0: {scores['agree_pct_L0']}%), mean loss where not "
                   f"{scores['mean_loss_pct']}%")

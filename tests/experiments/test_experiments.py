@@ -189,6 +189,7 @@ def test_an_experiment_that_always_measures_refuses_measure_false(tmp_path):
         ("moe_design", ["design.regions=[[tokens,colour]]"], r"design.regions entries must be pairs of"),
         ("moe_design", ["sample.points=0"], r"sample.points must be a positive integer"),
         ("moe_design", ["sample.noise_pct=150"], r"sample.noise_pct must be in \[0, 100\)"),
+        ("moe_design", ["sample.passes=0"], r"sample.passes must be an integer in \[1, 5\], got 0"),
         ("moe_design", ["design.routings.0.sweep.values=[-1.0]"], r"design.routings\[0\].sweep: exponent=-1.0"),
         ("moe_design", ["measure=maybe"], "measure must be true or false"),
         ("hf_moe", ["hf_moe.top_k=9", "hf_moe.num_experts=4"], r"hf_moe.top_k must be in \[1, hf_moe.num_experts=4\]"),

@@ -110,6 +110,42 @@ def test_decision_scores_count_only_separable_points():
     assert scores["agree_pct_L0"] == 50.0  # L0 ties everywhere: picks loop, right at point 1 only
 
 
+def _two_passes(rows):
+    """rows: (point, backend, pass-0 time, pass-1 time, pred_L3_s); IQRs 1% of the time."""
+    passes = [pd.DataFrame({"measured_s": [r[2 + i] for r in rows], "measured_iqr_s": [0.01 * r[2 + i] for r in rows],
+                            "round_cv": 0.01, "rounds_timed": 3, "noisy": False}) for i in range(2)]
+    timed = moe_design.combine_passes(passes)
+    keys = pd.DataFrame([(r[0], r[1], r[4], 1.0) for r in rows], columns=["point", "backend", "pred_L3_s", "pred_L0_s"])
+    return pd.concat([keys, timed], axis=1)
+
+
+def test_combine_passes_keeps_each_pass_and_the_median():
+    s = _two_passes([(0, "loop", 1.0, 3.0, 1.0), (0, "grouped", 2.0, 2.0, 1.0)])
+    assert s["measured_s"].tolist() == [2.0, 2.0] and s["measured_s_pass1"].tolist() == [3.0, 2.0]
+    assert s["measured_iqr_s"].tolist() == pytest.approx([0.03, 0.02]) and s["rounds_timed"].tolist() == [6, 6]
+    assert s["pass_cv"].iloc[0] == pytest.approx(np.std([1.0, 3.0], ddof=1) / 2.0) and s["pass_cv"].iloc[1] == 0
+
+
+def test_a_point_is_separable_only_when_every_pass_finds_the_same_fastest():
+    s = _two_passes([
+        # point 0: grouped fastest by 50% and 40%: separable, L3 right
+        (0, "loop", 1.5, 1.4, 2.0), (0, "grouped", 1.0, 1.0, 1.0),
+        # point 1: loop fastest by 10% in pass 0, grouped by 10% in pass 1: each pass alone calls it separable
+        (1, "loop", 1.0, 1.1, 2.0), (1, "grouped", 1.1, 1.0, 1.0),
+        # point 2: loop fastest by 20% then 3% (inside the noise): reproducible, not separable
+        (2, "loop", 1.0, 1.0, 1.0), (2, "grouped", 1.2, 1.03, 2.0),
+    ])
+    per_point, scores = moe_design.decision_scores(s, ["loop", "grouped"], noise_pct=5.0)
+    pp = per_point.set_index("point")
+    assert pp["separable"].tolist() == [True, False, False] and pp["reproducible"].tolist() == [True, False, True]
+    assert pp.loc[1, "fastest_per_pass"] == "loop|grouped" and pp.loc[2, "gap_pct_per_pass"] == "20.0|3.0"
+    assert scores["passes"] == 2 and scores["reproducible"] == 2 and scores["separable"] == 1
+    assert scores["agree_pct"] == 100.0
+    # alone, pass 0 calls points 0-2 separable and L3 (grouped, grouped, loop) right at 0 and 2;
+    # pass 1 calls 0 and 1 separable, L3 right at both
+    assert scores["single_pass"] == [{"separable": 3, "agree_pct": 66.67}, {"separable": 2, "agree_pct": 100.0}]
+
+
 def test_decision_scores_with_nothing_separable_are_null():
     s = _sample([(0, "loop", 1.0, 0.01, 1.0, 1.0), (0, "grouped", 1.01, 0.01, 2.0, 1.0)])
     _, scores = moe_design.decision_scores(s, ["loop", "grouped"], noise_pct=5.0)
