@@ -26,10 +26,10 @@ points) and ``mean_loss_pct`` (latency lost by following the prediction where it
 ``reproducible`` counts the points whose fastest backend every pass agrees on, and
 ``single_pass`` scores each pass alone, as if it had been the only one.
 
-Why passes: on the development VM a second pass over one 30-point sample an hour later found
+Why passes: on the development VM a second pass over one 30-point sample 15 minutes later found
 another fastest backend at 12 of the 30 points, 3 of them among the 8 that the first pass
-alone called separable (gaps of 6-11%, each within its own pass's noise): a decision that
-flips from one hour to the next is not one the measurement can score.
+alone called separable (gaps of 6-11%, each beyond that pass's IQRs): a decision that
+flips within a quarter of an hour is not one the measurement can score.
 
 Outputs: results.csv (one row per configuration), decisions_<rows>_x_<cols>.csv and .png
 per region pair, sample.csv (measured points), summary.json (the common schema; errors
