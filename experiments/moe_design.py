@@ -23,8 +23,11 @@ fastest measured backends differ by more than the noise: both IQRs and ``sample.
 of the faster, in every one of ``sample.passes`` passes over the sample, which all find the
 same fastest backend), ``agree_pct`` (predicted-fastest = measured-fastest, over separable
 points) and ``mean_loss_pct`` (latency lost by following the prediction where it disagrees);
-``reproducible`` counts the points whose fastest backend every pass agrees on, and
-``single_pass`` scores each pass alone, as if it had been the only one.
+``reproducible`` counts the points whose fastest backend every pass agrees on,
+``single_pass`` scores each pass alone, as if it had been the only one, and ``committed`` /
+``near_ties`` score separately the separable points where L3's predicted margin is at least
+``sample.noise_pct`` (L3 calls a winner) and those where it is not (L3 calls a tie; half the
+sample is drawn nearest the decision boundary, so many are).
 
 Why passes: on the development VM a second pass over one 30-point sample 15 minutes later found
 another fastest backend at 12 of the 30 points, 3 of them among the 8 that the first pass
@@ -302,7 +305,9 @@ def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: fl
     (``reproducible``). ``agree_pct`` is the share of separable points where L3's fastest is
     the measured fastest; ``mean_loss_pct`` the mean latency lost (measured, % over the
     fastest) at the separable points where it is not (0 when it always agrees). The same
-    for L0 (ties broken in ``backends`` order). ``single_pass`` scores each pass alone."""
+    for L0 (ties broken in ``backends`` order). ``single_pass`` scores each pass alone;
+    ``committed`` and ``near_ties`` split the separable points by L3's own predicted margin
+    (``margin_L3_pct`` at least ``noise_pct``, or below it: L3 calls it a tie)."""
     passes = _pass_columns(sample)
     per_point = []
     for p, g in sample.groupby("point", sort=True):
@@ -314,9 +319,10 @@ def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: fl
         t1 = g.loc[fastest, "measured_s"]
         l0 = g["pred_L0_s"]
         pred = {"L3": g["pred_L3_s"].idxmin(), "L0": l0.index[int(np.argmax(np.abs(l0 / l0.min() - 1) <= L0_TIE_REL))]}
+        margin = float(g["margin_L3_pct"].iloc[0]) if "margin_L3_pct" in g else float("nan")
         per_point.append({
             "point": p, "measured_fastest": fastest, "measured_next": nxt, "measured_gap_pct": gap,
-            "separable": separable, "reproducible": reproducible,
+            "separable": separable, "reproducible": reproducible, "committed": bool(margin >= noise_pct),
             "fastest_per_pass": "|".join(e[0] for e in each),
             "gap_pct_per_pass": "|".join("" if e[2] is None else f"{e[2]:.1f}" for e in each),
             **{f"separable_pass{i}": e[3] for i, e in enumerate(each)},
@@ -343,6 +349,14 @@ def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: fl
         else:
             scores[f"agree_pct{suffix}"] = scores[f"mean_loss_pct{suffix}"] = None
     scores["disagreements"] = int((~sep["agree_L3"]).sum()) if len(sep) else 0
+    # the same over the separable points where L3 itself calls a winner (its predicted margin
+    # over the next backend at least noise_pct), and over the near-ties where it does not
+    for name, part in (("committed", sep[sep["committed"]] if len(sep) else sep),
+                       ("near_ties", sep[~sep["committed"]] if len(sep) else sep)):
+        scores[name] = {"separable": int(len(part)),
+                        "agree_pct": round(100 * float(part["agree_L3"].mean()), 2) if len(part) else None,
+                        "mean_loss_pct": round(float(part.loc[~part["agree_L3"], "loss_L3_pct"].mean()), 2)
+                        if len(part) and (~part["agree_L3"]).any() else (0.0 if len(part) else None)}
     return pp, scores
 
 
@@ -493,6 +507,9 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         console.print(f"{scores['passes']} passes over the sample: {scores['reproducible']} of {scores['sampled']} points "
                       "found the same fastest backend in every pass; each pass alone: "
                       + ", ".join(f"{x['separable']} separable, L3 agrees at {x['agree_pct']}%" for x in scores["single_pass"]))
+    console.print(f"where L3's predicted margin is at least {scores['noise_pct']:g}%: {scores['committed']['separable']} "
+                  f"separable, L3 agrees at {scores['committed']['agree_pct']}%; where it calls a near-tie: "
+                  f"{scores['near_ties']['separable']} separable, {scores['near_ties']['agree_pct']}%")
     console.print(f"decisions: {scores['sampled']} points sampled, {scores['separable']} separable; L3's choice agrees at "
                   f"{scores['agree_pct']}% of them (L0: {scores['agree_pct_L0']}%), mean loss where not "
                   f"{scores['mean_loss_pct']}%")

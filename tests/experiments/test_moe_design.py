@@ -116,7 +116,8 @@ def _two_passes(rows):
                             "round_cv": 0.01, "rounds_timed": 3, "noisy": False}) for i in range(2)]
     timed = moe_design.combine_passes(passes)
     keys = pd.DataFrame([(r[0], r[1], r[4], 1.0) for r in rows], columns=["point", "backend", "pred_L3_s", "pred_L0_s"])
-    return pd.concat([keys, timed], axis=1)
+    margin = keys.groupby("point")["pred_L3_s"].transform(lambda t: 100 * (np.sort(t)[1] / np.sort(t)[0] - 1))
+    return pd.concat([keys.assign(margin_L3_pct=margin), timed], axis=1)
 
 
 def test_combine_passes_keeps_each_pass_and_the_median():
@@ -144,6 +145,22 @@ def test_a_point_is_separable_only_when_every_pass_finds_the_same_fastest():
     # alone, pass 0 calls points 0-2 separable and L3 (grouped, grouped, loop) right at 0 and 2;
     # pass 1 calls 0 and 1 separable, L3 right at both
     assert scores["single_pass"] == [{"separable": 3, "agree_pct": 66.67}, {"separable": 2, "agree_pct": 100.0}]
+
+
+def test_decisions_split_by_whether_l3_calls_a_winner():
+    s = _two_passes([
+        # L3: grouped by 100% (commits), right
+        (0, "loop", 1.5, 1.4, 2.0), (0, "grouped", 1.0, 1.0, 1.0),
+        # L3: grouped by 2% (a near-tie), wrong: loop is 20% faster in both passes
+        (1, "loop", 1.0, 1.0, 1.02), (1, "grouped", 1.2, 1.2, 1.0),
+        # L3: loop by 50% (commits), wrong: grouped is 30% faster in both passes
+        (2, "loop", 1.3, 1.3, 1.0), (2, "grouped", 1.0, 1.0, 1.5),
+    ])
+    per_point, scores = moe_design.decision_scores(s, ["loop", "grouped"], noise_pct=5.0)
+    assert per_point["committed"].tolist() == [True, False, True]
+    assert scores["agree_pct"] == 33.33
+    assert scores["committed"] == {"separable": 2, "agree_pct": 50.0, "mean_loss_pct": pytest.approx(30.0)}
+    assert scores["near_ties"] == {"separable": 1, "agree_pct": 0.0, "mean_loss_pct": pytest.approx(20.0)}
 
 
 def test_decision_scores_with_nothing_separable_are_null():
