@@ -4,10 +4,12 @@ Predicts, without running anything, every configuration of a grid (tokens x d_mo
 experts x top_k x routing generator and concentration x backend, ``design.*``): one routing
 drawn per (tokens, experts, top_k, routing), one ``DispatchPlan`` and trace per layer, and
 every distinct kernel of all traces predicted once as one kernel table
-(``sim.simulator.predict_traces``). The cost model is the device's fitted model as it is:
-the grid's shapes are not calibrated (L3 extrapolates; ``details.profile_coverage`` says how
-much of the grid lies inside what the profile measured). With ``measure=true`` only the
-``design.anchor`` layer's kernels are calibrated, and only when the profile lacks them.
+(``sim.simulator.predict_traces``). With ``measure=false`` the cost model is the device's
+fitted model as it is: the grid's shapes are not calibrated (L3 extrapolates;
+``details.profile_coverage`` says how much of the grid lies inside what the profile
+measured). With ``measure=true`` the ``design.anchor`` layer's kernels are calibrated where
+the profile lacks them, and then ``design.calibrate_kernels`` of the grid's own distinct
+kernels, spread over each family's predicted range, are measured and the models refit.
 
 The decision table, per region (``design.regions``, e.g. tokens x experts): the fastest
 backend by L3 (the one fastest at most of the region's design points, with that share),
