@@ -505,13 +505,15 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                             "margin_L3_pct": ".1f", "fastest_per_pass": "", "gap_pct_per_pass": "",
                             "predicted_fastest_L3": "", "separable": "", "loss_L3_pct": ".1f"},
                 title="measured sample: predicted (L3) vs measured fastest backend")
+    def agrees(part: Mapping[str, Any]) -> str:
+        return f"{part['separable']} separable" + (f", L3 agrees at {part['agree_pct']}%" if part["separable"] else "")
+
     if scores["passes"] > 1:
         console.print(f"{scores['passes']} passes over the sample: {scores['reproducible']} of {scores['sampled']} points "
                       "found the same fastest backend in every pass; each pass alone: "
-                      + ", ".join(f"{x['separable']} separable, L3 agrees at {x['agree_pct']}%" for x in scores["single_pass"]))
-    console.print(f"where L3's predicted margin is at least {scores['noise_pct']:g}%: {scores['committed']['separable']} "
-                  f"separable, L3 agrees at {scores['committed']['agree_pct']}%; where it calls a near-tie: "
-                  f"{scores['near_ties']['separable']} separable, {scores['near_ties']['agree_pct']}%")
+                      + "; ".join(agrees(x) for x in scores["single_pass"]))
+    console.print(f"where L3's predicted margin is at least {scores['noise_pct']:g}%: {agrees(scores['committed'])}; "
+                  f"where it calls a near-tie: {agrees(scores['near_ties'])}")
     console.print(f"decisions: {scores['sampled']} points sampled, {scores['separable']} separable; L3's choice agrees at "
                   f"{scores['agree_pct']}% of them (L0: {scores['agree_pct_L0']}%), mean loss where not "
                   f"{scores['mean_loss_pct']}%")
