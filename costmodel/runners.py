@@ -100,20 +100,16 @@ def _rotations(inputs: Inputs, device: torch.device,
     read = {i: n for i, n in enumerate(read_prefix or ()) if n is not None and i in dense and n < inputs[i].numel()}
     if read:
         return _prefix_rotations(inputs, device, dense, read)
-    copies = MAX_ROTATIONS
-    for i in dense:
-        arena = _arena(inputs[i].dtype, str(device))
-        span = -(-inputs[i].numel() // 64) * 64  # cache-line aligned slots
-        copies = min(copies, arena.numel() // span)
+    spans = {i: _aligned(inputs[i].numel()) for i in dense}
+    arena = {i: _arena(inputs[i].dtype, str(device)) for i in dense}
+    copies = min([MAX_ROTATIONS] + [arena[i].numel() // spans[i] for i in dense])
     if copies < 2:
         return [inputs]  # operands larger than half the arena are cold anyway
     out = []
     for c in range(copies):
         items = list(inputs)
         for i in dense:
-            t = inputs[i]
-            span = -(-t.numel() // 64) * 64
-            items[i] = _arena_view(t, _arena(t.dtype, str(device)), c * span)
+            items[i] = _arena_view(inputs[i], arena[i], c * spans[i])
         out.append(tuple(items))
     return out
 

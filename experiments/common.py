@@ -458,7 +458,7 @@ def print_summary(summ: Mapping[str, Any]) -> None:
 
 
 def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,
-                            l0_label: str = "L0 = FLOPs / peak", symlog_x: bool = False) -> None:
+                            l0_label: str = "L0 = FLOPs / peak") -> None:
     """Measured latency (median, IQR bars) and the L3 prediction against ``x``, one colour per
     backend, with the L0 line: the plot every sweep experiment draws."""
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -469,11 +469,10 @@ def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str
         ax.plot(g[x], g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
     g0 = df[df["backend"] == df["backend"].iloc[0]]
     ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label=l0_label)
-    _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="layer latency [ms]", title=title, symlog_x=symlog_x)
+    _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="layer latency [ms]", title=title)
 
 
-def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str,
-                              symlog_x: bool = False) -> None:
+def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str, title: str) -> None:
     """measure=false: the L3 prediction (and L2) against ``x``, one colour per backend, with
     the L0 line; nothing measured, so no error bars."""
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -482,15 +481,7 @@ def plot_predicted_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: s
         ax.plot(g[x], g["pred_L2_s"] * 1e3, ":", color=f"C{i}", alpha=0.6, label=f"{backend}: L2 roofline")
     g0 = df[df["backend"] == df["backend"].iloc[0]]
     ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label="L0 = FLOPs / peak")
-    _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="predicted layer latency [ms]", title=title,
-                         symlog_x=symlog_x)
-
-
-def knob_axis_symlog(values: Any) -> bool:
-    """A swept knob from 0 over several units (Zipf exponent 0..8): symlog spreads the values
-    near 0 that a linear axis would crowd into one tick label."""
-    v = np.asarray(list(values), dtype=float)
-    return bool(len(v) and v.min() == 0 and v.max() >= 4)
+    _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="predicted layer latency [ms]", title=title)
 
 
 def skew_axis_label(df: pd.DataFrame, param: str) -> str:
@@ -506,11 +497,13 @@ def _plain_log_ticks(axis: Any) -> None:
     axis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
-def _finish_latency_plot(fig: Any, ax: Any, path: Path, *, xlabel: str, ylabel: str, title: str,
-                         symlog_x: bool) -> None:
-    """The shared end of the latency-vs-knob plots: log latency with plain ticks, labels, save."""
+def _finish_latency_plot(fig: Any, ax: Any, path: Path, *, xlabel: str, ylabel: str, title: str) -> None:
+    """The shared end of the latency-vs-knob plots: log latency with plain ticks, labels, save.
+    The x scale follows the swept values: symlog for a knob from 0 over several units (Zipf
+    exponent 0..8: a linear axis crowds the values near 0 into one tick label), log for one
+    swept over decades, linear otherwise."""
     xs = sorted({float(v) for line in ax.get_lines() for v in line.get_xdata() if np.isfinite(v)})
-    if symlog_x:
+    if xs and xs[0] == 0 and xs[-1] >= 4:
         ax.set_xscale("symlog", linthresh=1.0)
     elif xs and xs[0] > 0 and xs[-1] / xs[0] >= 20:  # a knob swept over decades (Dirichlet concentration)
         ax.set_xscale("log")

@@ -32,7 +32,7 @@ from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
 )
 from experiments.common import (  # noqa: E402
-    calibration_options, check_common, check_coverage_iterations, config_dict, console, instantiate_sweep, knob_axis_symlog, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    calibration_options, check_common, check_coverage_iterations, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
     print_table, summary, write_outputs,
 )
 from sim.api import capture_module  # noqa: E402
@@ -223,7 +223,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     # the swept knob on x, as moe_skew: max/mean load saturates at E/top_k and stacks the
     # most concentrated points on one vertical line
     param = cfg["routing"]["sweep"]["param"]
-    plot_latency_by_backend(blocks, "value", out / "latency_vs_concentration.png", symlog_x=knob_axis_symlog(blocks["value"]),
+    plot_latency_by_backend(blocks, "value", out / "latency_vs_concentration.png",
                             xlabel=f"routing {param} (the swept concentration knob)", l0_label="L0 = FLOPs / peak",
                             title="transformers MoE blocks: latency vs routing concentration")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="hf_moe: predicted vs measured", hue="kind")

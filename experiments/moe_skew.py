@@ -28,7 +28,7 @@ from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
-    knob_axis_symlog, print_summary, print_table, summary, write_outputs,
+    print_summary, print_table, summary, write_outputs,
 )
 from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
@@ -160,7 +160,6 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: li
         extra=lambda df: {"model_flops_constant": bool(df["model_flops"].nunique() == 1)},
         plot=lambda df: plot_predicted_by_backend(
             df, "value" if cfg["routing"]["sweep"]["param"] else "point", out / "latency_vs_concentration.png",
-            symlog_x=knob_axis_symlog(df["value"]),
             xlabel=f"routing {param} (the swept concentration knob)",
             title="MoE layer (predicted only): latency vs routing concentration"),
         columns={"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "pred_L0_s": "ms",
@@ -172,8 +171,7 @@ def _plots(df: pd.DataFrame, out: Path, cfg: Mapping[str, Any]) -> None:
     param = cfg["routing"]["sweep"]["param"] or "point"
     # the swept knob on x: max/mean load saturates at E/top_k, stacking the last points on one line
     plot_latency_by_backend(df, "value" if cfg["routing"]["sweep"]["param"] else "point", out / "latency_vs_concentration.png",
-                            symlog_x=knob_axis_symlog(df["value"]),
-                            xlabel=f"routing {param} (the swept concentration knob)",
+                                            xlabel=f"routing {param} (the swept concentration knob)",
                             l0_label="L0 = FLOPs / peak (flat)",
                             title="MoE layer: same FLOPs, latency moves with routing concentration")
     plot_predicted_vs_measured(df, out / "predicted_vs_measured.png", title="MoE layer: predicted vs measured",

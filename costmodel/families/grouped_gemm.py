@@ -174,15 +174,16 @@ def build(spec: GroupedGemmSpec, device: torch.device, gen: torch.Generator,
     if spec.impl == "padded_bmm":
         return ops.grouped_padded_bmm, (randn_laid_out((spec.num_experts, spec.max_tokens, spec.k), trans_a, dt, device, gen),
                                         randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen))
+    counts = spec.tokens_per_expert
+    if spec.impl == "grouped_mm":
+        # Non-empty groups first (stable): the same work (one GEMM per non-empty group, empty
+        # ones skipped wherever they sit), with every weight the call reads in one leading
+        # block (``GroupedGemmSpec.read_prefix_numel``), which the cold rotation keeps cold.
+        counts = tuple(sorted(counts, key=lambda c: c == 0))
+    offsets = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=device)
     if spec.impl == "grouped_mm_ragged_k":
-        offsets = torch.tensor(np.cumsum(spec.tokens_per_expert), dtype=torch.int32, device=device)
         return ops.grouped_mm, (randn_laid_out((spec.k, spec.total_tokens), trans_a, dt, device, gen),
                                 randn_laid_out((spec.total_tokens, spec.n), trans_b, dt, device, gen), offsets)
-    # Non-empty groups first (stable): the same work (one GEMM per non-empty group, empty ones
-    # skipped wherever they sit), with every weight the call reads in one leading block
-    # (``GroupedGemmSpec.read_prefix_numel``), which the cold rotation can keep out of cache.
-    counts = [c for c in spec.tokens_per_expert if c > 0] + [c for c in spec.tokens_per_expert if c == 0]
-    offsets = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=device)
     return ops.grouped_mm, (randn_laid_out((spec.total_tokens, spec.k), trans_a, dt, device, gen),
                             randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen), offsets)
 
