@@ -19,6 +19,10 @@ are never adjusted). ``details.paired`` (``calibration.paired``, ``sim.paired``)
 layers' own kernels were timed in the same rounds as the layers and the models refitted
 before predicting; it says how many, how fast against the profile, and what the profile
 as loaded would have scored (``profile_as_loaded``). Paired runs time no drift references.
+``details.l3_over_measured`` (rows with a ``backend``): per backend, the median and the
+10th/90th percentiles of L3 predicted / measured. APE hides the sign; this shows it: with
+the kernels timed beside the layers, a median below 1 is what a layer costs beyond the
+kernels it is predicted from (composition, README Known limits), the spread is noise.
 
 With ``measure=false`` (predict only) the schema is the same: ``n_points`` counts the
 predicted rows, every error, ``spearman`` and ``noise_cv_pct`` are null, and
@@ -336,6 +340,8 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         out["details"]["freshness"] = df.attrs["freshness"]
     if df.attrs.get("paired") and "paired" not in out["details"]:  # kernels timed beside the layers
         out["details"]["paired"] = df.attrs["paired"]
+    if "backend" in df and "pred_L3_s" in df:
+        out["details"]["l3_over_measured"] = l3_over_measured(df)
     drift = out["details"].get("profile_drift") or {}
     if drift:
         factor = drift["now_over_profile_median"]
@@ -355,6 +361,14 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         sigma = measurement_sigma(df["round_cv"].to_numpy(), rounds)
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
     return out
+
+
+def l3_over_measured(df: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per backend, L3 predicted / measured: median, 10th and 90th percentile, points."""
+    ratio = df["pred_L3_s"] / df["measured_s"]
+    return {str(b): {"median": float(r.median()), "p10": float(r.quantile(0.1)), "p90": float(r.quantile(0.9)),
+                     "points": int(r.size)}
+            for b, r in ratio.groupby(df["backend"], sort=True)}
 
 
 def predict_only_summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] = LEVELS,
@@ -431,6 +445,11 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     elif fresh.get("family_ratio"):
         console.print(f"profile fresh before this run: every family within ±{100 * fresh['tolerance']:.0f}% "
                       f"({fresh['checked_kernels']} reference kernels)")
+    signed = summ["details"].get("l3_over_measured") or {}
+    if signed:
+        console.print("L3 predicted / measured per backend, median (10th-90th percentile): "
+                      + ", ".join(f"{b} {v['median']:.2f}x ({v['p10']:.2f}-{v['p90']:.2f})" for b, v in signed.items())
+                      + "; below 1 the layers cost more than the kernels they are predicted from")
     paired = summ["details"].get("paired") or {}
     if paired:
         loaded = paired["profile_as_loaded"]

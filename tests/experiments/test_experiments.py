@@ -259,3 +259,22 @@ def test_missing_optional_library_says_what_to_install(name, module, extra, tmp_
     with pytest.raises(ImportError, match=rf"pip install -e '\.\[{extra}\]'"):
         importlib.import_module(f"experiments.{name}").run(cfg, out_dir=tmp_path / "out")
     assert not (tmp_path / "profiles").exists()
+
+
+def test_summary_shows_the_sign_of_the_error_per_backend():
+    import pandas as pd
+
+    from experiments import common
+
+    df = pd.DataFrame({"backend": ["loop"] * 3 + ["grouped"] * 2, "pred_L3_s": [0.9, 1.8, 2.4, 1.1, 2.2],
+                       "measured_s": [1.0, 2.0, 3.0, 1.0, 2.0], "round_cv": [0.0] * 5})
+    summ = common.summary("x", "cpu", common.add_errors(df, levels=["L3"]), levels=["L3"])
+    signed = summ["details"]["l3_over_measured"]
+    assert list(signed) == ["grouped", "loop"]
+    assert signed["loop"]["median"] == pytest.approx(0.9)  # 0.9, 0.9, 0.8
+    assert signed["loop"]["p10"] == pytest.approx(0.82)  # numpy's linear interpolation: 0.8 + 0.2 * (0.9 - 0.8)
+    assert signed["grouped"] == {"median": pytest.approx(1.1), "p10": pytest.approx(1.1), "p90": pytest.approx(1.1),
+                                 "points": 2}
+    with common.console.capture() as captured:
+        common.print_summary(summ)
+    assert "grouped 1.10x (1.10-1.10), loop 0.90x (0.82-0.90)" in captured.get()
