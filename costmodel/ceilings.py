@@ -7,9 +7,11 @@
 - cold-call overhead (CPU): what each op of a layer timed from evicted caches pays on top,
   because its code, dispatcher tables and small tensors start out of cache: a chain of ten
   small, different ops timed after ``evict_caches`` minus the same chain warm, per op
-  (measured here: ~50 us per op, 0.69 vs 0.19 ms for the chain). Kernels are profiled with
-  rotated operands but hot code, so layer predictions add it per kernel (``predict_trace``);
-  0 on CUDA, whose L2 flush leaves the host's caches alone;
+  (measured here: ~50 us per op, 0.69 vs 0.19 ms for the chain; 14 us on the AMD EPYC VM
+  when its profile was made, 18-25 us there a day later). Kernels are profiled with rotated
+  operands but hot code, so layer predictions add it per kernel (``predict_trace``); paired
+  runs re-time the chain beside their layers and store it (``sim.paired``), as they do the
+  kernels; 0 on CUDA, whose L2 flush leaves the host's caches alone;
 - ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
   (Williams et al. 2009);
 - parallel units: SMs on a GPU, threads on a CPU (for the tile/wave features).
@@ -122,18 +124,28 @@ def _small_op_chain(device: torch.device, dtype: torch.dtype):
     return chain
 
 
+def cold_chain(device: torch.device, dtype: str):
+    """The chain the cold-call overhead is measured on (``sim.paired`` times it beside the layers)."""
+    return _small_op_chain(device, getattr(torch, dtype))
+
+
+def cold_call_overhead_from(cold_s: list[float], warm_s: list[float]) -> float:
+    """Per-op cold-call overhead from the chain's round medians: (cold - warm) / ops, >= 0."""
+    return max(0.0, (float(np.median(cold_s)) - float(np.median(warm_s))) / COLD_CHAIN_OPS)
+
+
 def measure_cold_call_overhead(device: torch.device, dtype: str, timing: TimingConfig) -> dict[str, Any]:
     """Per-op cost of starting from evicted caches (see the module docstring); CUDA: 0."""
     if device.type != "cpu":
         return {"cold_call_overhead_s": 0.0, "evidence": {}}
-    chain = _small_op_chain(device, getattr(torch, dtype))
+    chain = cold_chain(device, dtype)
     per_round = timing.per_round()
     cold, warm = [], []
     for _ in range(timing.rounds):
         cold.append(measure(chain, device=device, config=per_round, evict_cpu_cache=True).median_s)
         warm.append(measure(chain, device=device, config=per_round).median_s)
-    per_op = max(0.0, (float(np.median(cold)) - float(np.median(warm))) / COLD_CHAIN_OPS)
-    return {"cold_call_overhead_s": per_op, "evidence": {"chain_ops": COLD_CHAIN_OPS, "cold_s": cold, "warm_s": warm}}
+    return {"cold_call_overhead_s": cold_call_overhead_from(cold, warm),
+            "evidence": {"chain_ops": COLD_CHAIN_OPS, "cold_s": cold, "warm_s": warm}}
 
 
 def ensure_ceilings(

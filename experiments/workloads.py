@@ -64,20 +64,41 @@ class Pairing:
     result: Any = None  # sim.paired.PairedResult
 
     def finish(self, df: pd.DataFrame, model: CostModel, jobs: Sequence[Any], kernels_timed: Sequence[dict[str, Any]],
-               repredict: Callable[[CostModel], pd.DataFrame], measured: pd.DataFrame, wall_s: float) -> pd.DataFrame:
-        """After the interleaved rounds: write the kernels' timings into the profile, refit,
-        and return the table predicted again by the refitted model (``repredict``) beside
+               repredict: Callable[[CostModel], pd.DataFrame], measured: pd.DataFrame, wall_s: float,
+               chain_timed: Sequence[dict[str, Any]] = ()) -> pd.DataFrame:
+        """After the interleaved rounds: write the kernels' timings (and, with ``chain_timed``,
+        the cold and the warm chain's, ``cold_chain_jobs``) into the profile, refit, and
+        return the table predicted again by the refitted model (``repredict``) beside
         ``measured``, with ``attrs["paired"]`` saying what happened and what ``df`` (the
         profile as loaded) had scored."""
-        from sim.paired import record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
+        from sim.paired import record_cold_chain, record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
 
         self.result = record_paired(self.profile, jobs, [t["rounds"] for t in kernels_timed], suite=self.suite)
+        cold_call = (record_cold_chain(self.profile, chain_timed[0]["rounds"], chain_timed[1]["rounds"],
+                                       at=self.result.at) if chain_timed else None)
         self.model = refit(self.profile, cv_folds=self.cv_folds, freshness=model.freshness)
         out = add_errors(pd.concat([repredict(self.model), measured], axis=1))
         out.attrs.update(df.attrs)
         out.attrs["paired"] = {**self.result.to_dict(), "measure_wall_s": wall_s, "profile_as_loaded": ape_summary(df)}
         console.print(self.result.describe(self.suite))
+        if cold_call is not None:
+            out.attrs["paired"]["cold_call_overhead_s"] = cold_call
+            before = "none" if cold_call["profiled"] is None else f"{1e6 * cold_call['profiled']:.1f} us"
+            console.print(f"cold-call overhead per kernel, timed in the same rounds: {1e6 * cold_call['now']:.1f} us "
+                          f"(profiled: {before}); stored in the profile's ceilings")
         return out
+
+
+def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig) -> list[Callable[[], Any]]:
+    """The ceilings' cold-call chain twice (timed from evicted caches, then warm), for a
+    paired run to re-time beside its layers: [] where no cold-call overhead applies (CUDA,
+    or layers timed warm)."""
+    from costmodel.ceilings import cold_chain  # noqa: PLC0415
+
+    if device.type != "cpu" or not timing.cold_cache or model.fingerprint.cache != "cold":
+        return []
+    chain = cold_chain(device, model.fingerprint.dtype)
+    return [chain, chain]
 
 
 def pairing_for(cfg: Any, rt: Any, suite: str) -> Pairing | None:
@@ -108,15 +129,19 @@ def evaluate_workloads(
     refs = [] if pairing is not None else list(references)
     traces = [w.trace for w in workloads]
     jobs = kernel_jobs(traces, device, cold=timing.cold_cache) if pairing is not None else []
+    chain = cold_chain_jobs(model, device, timing) if pairing is not None else []
     n = len(workloads)
+    first_kernel = n + len(refs) + len(chain)
     # an extra round re-times a noisy layer with what its check is made of: its own kernels
     # (paired) or the drift references
-    companions = (layer_kernel_jobs(traces, n) if jobs else {i: list(range(n, n + len(refs))) for i in range(n)})
+    companions = (layer_kernel_jobs(traces, first_kernel) if jobs else
+                  {i: list(range(n, n + len(refs))) for i in range(n)})
     start = time.perf_counter()
-    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + jobs, device=device,
+    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + chain + jobs, device=device,
                                 timing=timing, description=description, progress=progress,
-                                evict=[timing.cold_cache] * n + [False] * (len(refs) + len(jobs)),
-                                order=paired_order(traces, n + len(refs)) if jobs else None,
+                                evict=[timing.cold_cache] * n + [False] * len(refs) + [True, False][:len(chain)]
+                                + [False] * len(jobs),
+                                order=paired_order(traces, first_kernel) if jobs else None,
                                 watch=range(n), companions=companions)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
@@ -125,7 +150,8 @@ def evaluate_workloads(
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
     if pairing is not None:
-        df = pairing.finish(df, model, jobs, timed[n:], lambda m: predict_workloads(m, workloads), measured, wall_s)
+        df = pairing.finish(df, model, jobs, timed[first_kernel:], lambda m: predict_workloads(m, workloads), measured,
+                            wall_s, chain_timed=timed[n + len(refs):first_kernel])
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
     if peak_flops_per_s:

@@ -15,7 +15,12 @@ per-round budget). The rows replace the profile's rows of those kernels, as a re
 (recorded in provenance with the ratio now/before per family and latency regime, so older
 rows of those families in those regimes are scaled in later fits,
 ``costmodel.freshness.refresh_scale``); the models are
-refitted, and the layers are predicted from them. The predictions are the cost model's, not
+refitted, and the layers are predicted from them. The ceilings' cold-call chain
+(``costmodel.ceilings``: what each kernel of a layer timed from evicted caches pays beyond
+its profiled time) is timed in the same rounds, cold and warm, and stored the same way
+(``record_cold_chain``): on the development VM it measured 14 us per op when the profile
+was made and 18-25 us a day later, and a loop MoE layer has 30-90 kernels. The
+predictions are the cost model's, not
 the kernel timings summed: L0-L2 use the ceilings, L3 the refitted regression. What the
 profile as loaded predicted is kept beside (``details.paired.profile_as_loaded``), so the
 drift's share of the error stays visible. The method is the A/B interleaving of
@@ -184,6 +189,24 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
                         ratio_iqr=None if med is None else float(q3 - q1), at=at,
                         wall_s=float(sum(sum(m.times_s) * m.number_per_run for ms in rounds for m in ms)),
                         unstable=tuple(unstable))
+
+
+def record_cold_chain(profile: DeviceProfile, cold: Sequence[Measurement], warm: Sequence[Measurement], *,
+                      at: str | None = None) -> dict[str, Any]:
+    """Store the cold-call overhead measured from the chain's rounds (``cold``: each call after
+    an eviction, ``warm``: back to back) in the profile's ceilings, keeping the previous
+    value in the evidence; returns ``{"profiled", "now", "cold_s", "warm_s"}`` (seconds)."""
+    from costmodel.ceilings import COLD_CHAIN_OPS, cold_call_overhead_from  # noqa: PLC0415
+
+    cold_s, warm_s = [m.median_s for m in cold], [m.median_s for m in warm]
+    now = cold_call_overhead_from(cold_s, warm_s)
+    ceilings = profile.ceilings() or {}
+    before = ceilings.get("cold_call_overhead_s")
+    evidence = {**ceilings.get("evidence", {}),
+                "cold_chain": {"chain_ops": COLD_CHAIN_OPS, "cold_s": cold_s, "warm_s": warm_s,
+                               "paired_at": at or time.strftime(TIME_FORMAT), "before_s": before}}
+    profile.write_ceilings({**ceilings, "cold_call_overhead_s": now, "evidence": evidence})
+    return {"profiled": before, "now": now, "cold_s": cold_s, "warm_s": warm_s}
 
 
 def refit(profile: DeviceProfile, *, cv_folds: int = 4, freshness: dict[str, Any] | None = None) -> CostModel:

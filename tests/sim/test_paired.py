@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -122,6 +123,26 @@ def test_evaluate_workloads_with_pairing_refits_and_keeps_the_profile_as_loaded(
     assert "rounds" not in df.columns
     rows = pd.read_csv(rt.open_profile().path / "measurements.csv")
     assert set(rows[rows["tag"] == TAG]["key"]) == {s.key() for s in trace}
+    # the cold-call chain was timed in the same rounds (cold and warm) and stored in the ceilings
+    cold_call = paired["cold_call_overhead_s"]
+    assert len(cold_call["cold_s"]) == len(cold_call["warm_s"]) == TIMING.rounds
+    assert cold_call["now"] == pytest.approx(max(0.0, (np.median(cold_call["cold_s"]) - np.median(cold_call["warm_s"])) / 10))
+    ceilings = rt.open_profile().ceilings()
+    assert ceilings["cold_call_overhead_s"] == cold_call["now"] == pairing.model.ceilings["cold_call_overhead_s"]
+    assert ceilings["evidence"]["cold_chain"]["before_s"] == cold_call["profiled"] == model.ceilings["cold_call_overhead_s"]
+
+
+def test_cold_chain_is_timed_only_where_the_overhead_applies():
+    from types import SimpleNamespace
+
+    from experiments.workloads import cold_chain_jobs
+
+    cold, warm = (SimpleNamespace(fingerprint=SimpleNamespace(cache=c, dtype="float32")) for c in ("cold", "warm"))
+    cpu = torch.device("cpu")
+    assert len(cold_chain_jobs(cold, cpu, TIMING)) == 2
+    assert cold_chain_jobs(cold, cpu, replace(TIMING, cold_cache=False)) == []  # layers timed warm
+    assert cold_chain_jobs(warm, cpu, TIMING) == []  # a warm profile
+    assert cold_chain_jobs(cold, torch.device("meta"), TIMING) == []  # not a CPU
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, None])
