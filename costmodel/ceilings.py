@@ -8,7 +8,7 @@
   because its code, dispatcher tables and small tensors start out of cache: a chain of ten
   small, different ops timed after ``evict_caches`` minus the same chain warm, per op
   (measured here: ~50 us per op, 0.69 vs 0.19 ms for the chain; 14 us on the AMD EPYC VM
-  when its profile was made, 18-25 us there a day later). Kernels are profiled with rotated
+  when its profile was made, 16-34 us there a day later). Kernels are profiled with rotated
   operands but hot code, so layer predictions add it per kernel (``predict_trace``); paired
   runs re-time the chain beside their layers and store it (``sim.paired``), as they do the
   kernels; 0 on CUDA, whose L2 flush leaves the host's caches alone;

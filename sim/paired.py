@@ -19,7 +19,7 @@ refitted, and the layers are predicted from them. The ceilings' cold-call chain
 (``costmodel.ceilings``: what each kernel of a layer timed from evicted caches pays beyond
 its profiled time) is timed in the same rounds, cold and warm, and stored the same way
 (``record_cold_chain``): on the development VM it measured 14 us per op when the profile
-was made and 18-25 us a day later, and a loop MoE layer has 30-90 kernels. The
+was made and 16-34 us a day later, and a loop MoE layer has 25-90 kernels. The
 predictions are the cost model's, not
 the kernel timings summed: L0-L2 use the ceilings, L3 the refitted regression. What the
 profile as loaded predicted is kept beside (``details.paired.profile_as_loaded``), so the
