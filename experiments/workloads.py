@@ -121,7 +121,9 @@ def evaluate_workloads(
     instead (``sim.paired``): the profile's rows of them are replaced, the models refitted
     and the workloads predicted from the refitted models; the predictions of the model as
     loaded and how far the machine had drifted from the profile are in
-    ``df.attrs["paired"]``.
+    ``df.attrs["paired"]``. On a CPU with cold layers the ceilings' cold-call chain is timed
+    in those rounds too, cold and warm (``cold_chain_jobs``), and the overhead it gives
+    replaces the profile's before the refit (``attrs["paired"]["cold_call_overhead_s"]``).
     """
     from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415 (sim.paired imports the bench)
 
