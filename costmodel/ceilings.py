@@ -148,6 +148,12 @@ def measure_cold_call_overhead(device: torch.device, dtype: str, timing: TimingC
             "evidence": {"chain_ops": COLD_CHAIN_OPS, "cold_s": cold, "warm_s": warm}}
 
 
+def with_cold_call_overhead(ceilings: dict[str, Any], overhead_s: float, evidence: dict[str, Any]) -> dict[str, Any]:
+    """``ceilings`` with a new cold-call overhead and the chain timings it came from."""
+    return {**ceilings, "cold_call_overhead_s": overhead_s,
+            "evidence": {**ceilings.get("evidence", {}), "cold_chain": evidence}}
+
+
 def ensure_ceilings(
     profile: DeviceProfile, device: torch.device, dtype: str, timing: TimingConfig, *, remeasure: bool = False
 ) -> dict[str, Any]:
@@ -164,7 +170,5 @@ def ensure_ceilings(
     if "cold_call_overhead_s" not in ceilings:  # profiles measured before this ceiling existed: add it
         print("measuring the cold-call overhead (small ops after evicting the caches)", flush=True)
         cold = measure_cold_call_overhead(device, dtype, timing)
-        ceilings = {**ceilings, "cold_call_overhead_s": cold["cold_call_overhead_s"],
-                    "evidence": {**ceilings.get("evidence", {}), "cold_chain": cold["evidence"]}}
-        profile.write_ceilings(ceilings)
+        ceilings = profile.write_ceilings(with_cold_call_overhead(ceilings, cold["cold_call_overhead_s"], cold["evidence"]))
     return ceilings

@@ -344,22 +344,25 @@ def decision_scores(sample: pd.DataFrame, backends: Sequence[str], noise_pct: fl
              if pp[f"separable_pass{i}"].any() else None}
             for i in range(len(passes))]
     for lv, suffix in (("L3", ""), ("L0", "_L0")):
-        if len(sep):
-            wrong = sep[~sep[f"agree_{lv}"]]
-            scores[f"agree_pct{suffix}"] = round(100 * float(sep[f"agree_{lv}"].mean()), 2)
-            scores[f"mean_loss_pct{suffix}"] = round(float(wrong[f"loss_{lv}_pct"].mean()), 2) if len(wrong) else 0.0
-        else:
-            scores[f"agree_pct{suffix}"] = scores[f"mean_loss_pct{suffix}"] = None
+        scores[f"agree_pct{suffix}"], scores[f"mean_loss_pct{suffix}"] = _agreement(sep, lv)
     scores["disagreements"] = int((~sep["agree_L3"]).sum()) if len(sep) else 0
     # the same over the separable points where L3 itself calls a winner (its predicted margin
     # over the next backend at least noise_pct), and over the near-ties where it does not
     for name, part in (("committed", sep[sep["committed"]] if len(sep) else sep),
                        ("near_ties", sep[~sep["committed"]] if len(sep) else sep)):
-        scores[name] = {"separable": int(len(part)),
-                        "agree_pct": round(100 * float(part["agree_L3"].mean()), 2) if len(part) else None,
-                        "mean_loss_pct": round(float(part.loc[~part["agree_L3"], "loss_L3_pct"].mean()), 2)
-                        if len(part) and (~part["agree_L3"]).any() else (0.0 if len(part) else None)}
+        agree, loss = _agreement(part, "L3")
+        scores[name] = {"separable": int(len(part)), "agree_pct": agree, "mean_loss_pct": loss}
     return pp, scores
+
+
+def _agreement(separable: pd.DataFrame, level: str) -> tuple[float | None, float | None]:
+    """(agree %, mean loss % where it disagrees; 0 when it never does) of ``level``'s choices
+    over separable points, rounded to 0.01; (None, None) without any point."""
+    if not len(separable):
+        return None, None
+    agree = separable[f"agree_{level}"]
+    wrong = separable.loc[~agree, f"loss_{level}_pct"]
+    return round(100 * float(agree.mean()), 2), round(float(wrong.mean()), 2) if len(wrong) else 0.0
 
 
 def measure_sample(sample_rows: pd.DataFrame, routings: Mapping[tuple, Any], rt: Runtime, progress: bool,

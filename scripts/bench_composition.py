@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -39,32 +37,19 @@ from costmodel.allocator import configure_allocator
 from costmodel.ceilings import measure_cold_call_overhead
 from costmodel.kernels import KernelSpec
 from costmodel.runners import make_runner
-from costmodel.timing import TimingConfig, evict_caches, measure
+from costmodel.timing import TimingConfig, measure
 from sim.api import load_cost_model
 from sim.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
 from sim.routing import ZipfRouting, route
 from sim.simulator import measure_callable, predict_trace
 
 SMALL_BYTES = 1 << 20  # a kernel moving less than this is "small": its cold call is code, not data
-COLD_CALLS = 15
 
 
 def kind(spec: KernelSpec) -> str:
     """The code path a kernel runs: its family plus the field that picks the aten op."""
     sub = next((getattr(spec, f) for f in ("op", "impl", "backend") if getattr(spec, f, None)), None)
     return f"{spec.family}/{sub}/{spec.dtype}" if sub else f"{spec.family}/{spec.dtype}"
-
-
-def cold_call_s(fn, device: torch.device, timing: TimingConfig) -> float:
-    """Median of single calls, each right after an eviction (the first call untimed)."""
-    fn()
-    times = []
-    for _ in range(COLD_CALLS):
-        evict_caches(device, timing)
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -100,8 +85,9 @@ def main() -> None:
             for s in trace:
                 if s.bytes_moved() < SMALL_BYTES:
                     small.setdefault(kind(s), s)
-            kind_cold = {k: cold_call_s(make_runner(s, device, cold=True), device, timing) - runner[s]
-                         for k, s in small.items()}
+            # single calls right after an eviction, as the layer's are timed (``measure_callable``)
+            kind_cold = {k: measure(make_runner(s, device, cold=True), device=device, config=timing,
+                                    evict_cpu_cache=True).median_s - runner[s] for k, s in small.items()}
             rows.append({
                 "rep": rep, "exponent": e, "backend": b, "kernels": len(trace), "small_kinds": len(small),
                 "layer_ms": 1e3 * layer_s, "runners_ms": 1e3 * sum(runner[s] for s in trace),

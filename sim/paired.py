@@ -196,16 +196,15 @@ def record_cold_chain(profile: DeviceProfile, cold: Sequence[Measurement], warm:
     """Store the cold-call overhead measured from the chain's rounds (``cold``: each call after
     an eviction, ``warm``: back to back) in the profile's ceilings, keeping the previous
     value in the evidence; returns ``{"profiled", "now", "cold_s", "warm_s"}`` (seconds)."""
-    from costmodel.ceilings import COLD_CHAIN_OPS, cold_call_overhead_from  # noqa: PLC0415
+    from costmodel.ceilings import COLD_CHAIN_OPS, cold_call_overhead_from, with_cold_call_overhead  # noqa: PLC0415
 
     cold_s, warm_s = [m.median_s for m in cold], [m.median_s for m in warm]
     now = cold_call_overhead_from(cold_s, warm_s)
     ceilings = profile.ceilings() or {}
     before = ceilings.get("cold_call_overhead_s")
-    evidence = {**ceilings.get("evidence", {}),
-                "cold_chain": {"chain_ops": COLD_CHAIN_OPS, "cold_s": cold_s, "warm_s": warm_s,
-                               "paired_at": at or time.strftime(TIME_FORMAT), "before_s": before}}
-    profile.write_ceilings({**ceilings, "cold_call_overhead_s": now, "evidence": evidence})
+    profile.write_ceilings(with_cold_call_overhead(ceilings, now, {
+        "chain_ops": COLD_CHAIN_OPS, "cold_s": cold_s, "warm_s": warm_s,
+        "paired_at": at or time.strftime(TIME_FORMAT), "before_s": before}))
     return {"profiled": before, "now": now, "cold_s": cold_s, "warm_s": warm_s}
 
 
