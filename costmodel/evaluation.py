@@ -9,6 +9,12 @@
   (a fraction in [0, 1]), Spearman rank correlation, the test count, and the noise floor:
   the median APE a perfect model would score given how much each measured value itself
   varies between rounds (``noise_floor_median_ape_pct``).
+- The same floor for the *maximum* APE over a set of points (``max_ape_within_prob``,
+  ``noise_floor_max_ape_pct``): with independent normal errors of relative size
+  sigma_i, P(max_i |e_i| <= x) = prod_i erf(x / (sigma_i sqrt 2)), the distribution of
+  the largest of independent half-normal variables (e.g. David & Nagaraja, *Order
+  Statistics*, 3rd ed., sec. 2.1: the CDF of the maximum of independent variables is the
+  product of their CDFs; the half-normal CDF is erf(x / (sigma sqrt 2))).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any, Mapping
 
 import numpy as np
 import pandas as pd
+from scipy.optimize import brentq
+from scipy.special import erf
 from scipy.stats import spearmanr
 from sklearn.base import BaseEstimator, clone
 from sklearn.model_selection import GroupShuffleSplit
@@ -38,6 +46,38 @@ def noise_floor_median_ape_pct(sigma: np.ndarray) -> float:
     """Median APE a *perfect* model would score against labels this noisy: the median of
     |N(0, sigma_i)| is 0.6745 sigma_i. No model can be expected to beat it."""
     return float(100 * np.median(0.6745 * np.asarray(sigma, float))) if len(sigma) else float("nan")
+
+
+def max_ape_within_prob(sigma: np.ndarray, limit_pct: float) -> float:
+    """Probability that a *perfect* model's largest APE over points with relative noise
+    ``sigma`` stays within ``limit_pct``: prod_i erf(limit / (sigma_i sqrt 2)) (the CDF of
+    the largest of independent half-normal errors; module docstring). NaN sigmas are
+    left out; a point with sigma 0 never exceeds any limit."""
+    s = np.asarray(sigma, float)
+    s = s[np.isfinite(s)]
+    if limit_pct < 0:
+        raise ValueError(f"limit_pct must be >= 0, got {limit_pct}")
+    if not len(s):
+        return float("nan")
+    x = limit_pct / 100.0
+    with np.errstate(divide="ignore"):
+        return float(np.prod(np.where(s > 0, erf(x / (np.maximum(s, 1e-300) * np.sqrt(2))), 1.0)))
+
+
+def noise_floor_max_ape_pct(sigma: np.ndarray, quantile: float = 0.5) -> float:
+    """The ``quantile`` of the largest APE a *perfect* model would score against labels
+    this noisy (``max_ape_within_prob`` inverted): at 0.5, half of all runs of the same
+    measurement would see a larger maximum from measurement noise alone."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    s = np.asarray(sigma, float)
+    s = s[np.isfinite(s)]
+    if not len(s):
+        return float("nan")
+    if not (s > 0).any():
+        return 0.0
+    hi = 100 * float(s.max()) * 10.0  # erf(10 / sqrt 2) ~ 1 - 1.5e-23: every factor is 1
+    return float(brentq(lambda x: max_ape_within_prob(s, x) - quantile, 0.0, hi, xtol=1e-6))
 
 
 def metrics(predicted: np.ndarray, measured: np.ndarray, sigma: np.ndarray | None = None) -> dict[str, Any]:

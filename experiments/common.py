@@ -9,6 +9,11 @@ summary.json has the same shape for every experiment::
 APE is the absolute percentage error of predicted vs measured latency over every row of
 results.csv; ``noise_cv_pct`` is the median, over rows, of the coefficient of variation
 of that row's per-round medians (run-to-run noise, which bounds any model's accuracy).
+``details.noise_floor_median_ape_pct`` is the median APE a perfect model would score
+against measurements this noisy; ``details.noise_floor_max_ape_pct`` (p10, median, p90)
+the distribution of the largest APE it would score over the run's points
+(``costmodel.evaluation``): a max target below its median is met by luck in under half
+of the runs, whatever the model.
 ``details.freshness`` is the check before the run (``costmodel.freshness``: per-family
 ratio of reference kernels timed then vs profiled, which families were re-measured);
 ``details.profile_drift`` is how fast the experiment's profiled kernels ran, timed in the
@@ -354,12 +359,14 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
             "max": {lv: _clean(np.max(a)) for lv, a in scaled.items()},
         }
     if {"round_cv"} <= set(df.columns):
-        from costmodel.evaluation import measurement_sigma, noise_floor_median_ape_pct
+        from costmodel.evaluation import measurement_sigma, noise_floor_max_ape_pct, noise_floor_median_ape_pct
 
         rounds = (df["rounds_timed"].to_numpy() if "rounds_timed" in df
                   else np.full(len(df), df.attrs.get("rounds", 1)))
         sigma = measurement_sigma(df["round_cv"].to_numpy(), rounds)
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
+        out["details"]["noise_floor_max_ape_pct"] = {
+            name: _clean(noise_floor_max_ape_pct(sigma, q)) for name, q in (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}
     return out
 
 
@@ -437,6 +444,10 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     floor = summ["details"].get("noise_floor_median_ape_pct")
     if floor is not None:
         console.print(f"noise floor: a perfect model would score a median APE of ~{floor:.1f}% against these measurements")
+    max_floor = summ["details"].get("noise_floor_max_ape_pct") or {}
+    if max_floor.get("median") is not None:
+        console.print(f"noise floor of the maximum: a perfect model's max APE over these {summ['n_points']} points would be "
+                      f"~{max_floor['median']:.1f}% (10-90% of runs: {max_floor['p10']:.1f}-{max_floor['p90']:.1f}%)")
     fresh = summ["details"].get("freshness") or {}
     if fresh.get("refreshed"):
         console.print(f"profile refreshed before this run: {fresh['refreshed_kernels']} kernels of "

@@ -1,8 +1,9 @@
 """Markdown tables for the README from committed experiment outputs.
 
-    python scripts/readme_tables.py results/cpu > /tmp/tables.md
+    python scripts/readme_tables.py results/cpu_epyc > /tmp/tables.md
+    python scripts/readme_tables.py results/cpu_epyc/moe_v12 results/cpu_epyc/gnn_v8
 
-Reads <dir>/<run>/summary.json (and results.csv, classes.csv where present) and prints,
+Reads <dir>/<run>/summary.json (or <run>/summary.json for a run given itself) (and results.csv, classes.csv where present) and prints,
 per run: the levels' error summary and the experiment's headline table.
 """
 
@@ -31,6 +32,8 @@ def levels_table(s: dict) -> str:
     rows.append("")
     rows.append(f"{s['n_points']} points; run-to-run noise {fmt(s['noise_cv_pct'])}% CV; noise floor "
                 f"{fmt(d.get('noise_floor_median_ape_pct'))}% median APE"
+                + (f", {fmt((d.get('noise_floor_max_ape_pct') or {}).get('median'))}% max APE"
+                   if d.get("noise_floor_max_ape_pct") else "")
                 + (f"; machine at {drift['now_over_profile_median']:.2f}x its calibration-time kernel times"
                    if drift else ""))
     return "\n".join(rows)
@@ -45,14 +48,21 @@ def frame_table(df: pd.DataFrame, cols: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def main(root: str) -> None:
-    for run in sorted(Path(root).iterdir()):
-        f = run / "summary.json"
-        if not f.exists():
-            continue
-        s = json.loads(f.read_text())
+def run_dirs(paths: list[str]) -> list[Path]:
+    """Each path is a run (it holds summary.json) or a folder of runs."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        out += [p] if (p / "summary.json").exists() else sorted(r for r in p.iterdir() if (r / "summary.json").exists())
+    return out
+
+
+def main(paths: list[str]) -> None:
+    for run in run_dirs(paths):
+        s = json.loads((run / "summary.json").read_text())
         print(f"\n### {run.name} ({s['experiment']})\n")
         print(levels_table(s))
+        if not (run / "results.csv").exists():  # a predict-only run of a design sweep keeps predictions elsewhere
+            continue
         res = pd.read_csv(run / "results.csv")
         name = s["experiment"]
         if name == "moe_skew":
@@ -98,4 +108,4 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "results/cpu")
+    main(sys.argv[1:] or ["results/cpu_epyc"])

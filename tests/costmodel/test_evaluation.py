@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.evaluation import extrapolation_split, heldout_split, metrics
+from costmodel.evaluation import (extrapolation_split, heldout_split, max_ape_within_prob, metrics,
+                                  noise_floor_max_ape_pct)
 from costmodel.features import kernel_table
 from costmodel.kernels import GemmSpec, ScatterSpec
 from costmodel.models import shape_groups
@@ -19,6 +20,26 @@ def test_metrics_hand_computed():
     assert m["spearman"] == pytest.approx(0.9487, abs=1e-4)  # ranks 1,2,3,4 vs 1,2.5,2.5,4
     assert m["n_test"] == 4
     assert metrics(np.array([]), np.array([]))["median_ape_pct"] is None
+
+
+def test_noise_floor_of_the_maximum_hand_computed():
+    # one point, sigma 10%: P(|N(0, 0.1)| <= 10%) is the one-sigma mass 0.682689...
+    assert max_ape_within_prob([0.1], 10.0) == pytest.approx(0.6826895, abs=1e-6)
+    # two points: the product of their half-normal CDFs (two-sigma mass x one-sigma mass)
+    assert max_ape_within_prob([0.1, 0.2], 20.0) == pytest.approx(0.9544997 * 0.6826895, abs=1e-6)
+    # a noiseless point never exceeds; NaN sigmas are left out
+    assert max_ape_within_prob([0.0, 0.1, float("nan")], 10.0) == pytest.approx(0.6826895, abs=1e-6)
+    # inverted: the median of one half-normal is 0.6745 sigma (the median floor's constant)
+    assert noise_floor_max_ape_pct([0.1]) == pytest.approx(6.745, abs=1e-3)
+    # thirty points at 6.5%: the maximum's median is 14.79% (checked by 200,000 seeded draws: 14.80%)
+    assert noise_floor_max_ape_pct(np.full(30, 0.065)) == pytest.approx(14.795, abs=1e-2)
+    assert noise_floor_max_ape_pct(np.full(30, 0.065), 0.9) > noise_floor_max_ape_pct(np.full(30, 0.065), 0.1)
+    assert noise_floor_max_ape_pct([0.0, 0.0]) == 0.0
+    assert np.isnan(noise_floor_max_ape_pct([]))
+    with pytest.raises(ValueError, match="quantile must be in"):
+        noise_floor_max_ape_pct([0.1], 1.0)
+    with pytest.raises(ValueError, match="limit_pct must be >= 0"):
+        max_ape_within_prob([0.1], -1.0)
 
 
 def test_grouped_split_keeps_backends_of_one_shape_together():

@@ -278,3 +278,21 @@ def test_summary_shows_the_sign_of_the_error_per_backend():
     with common.console.capture() as captured:
         common.print_summary(summ)
     assert "grouped 1.10x (1.10-1.10), loop 0.90x (0.82-0.90)" in captured.get()
+
+
+def test_summary_gives_the_noise_floor_of_the_maximum():
+    import pandas as pd
+
+    from experiments import common
+
+    # four points, each with round CV 0.1 over 3 rounds: sigma = sqrt(pi/2) * 0.1 / sqrt(3) = 0.07236
+    df = pd.DataFrame({"pred_L3_s": [1.0] * 4, "measured_s": [1.0, 2.0, 3.0, 4.0], "round_cv": [0.1] * 4,
+                       "rounds_timed": [3] * 4})
+    summ = common.summary("x", "cpu", common.add_errors(df, levels=["L3"]), levels=["L3"])
+    floor = summ["details"]["noise_floor_max_ape_pct"]
+    # P(max <= x) = erf(x / (sigma sqrt 2))^4 = 0.5 -> erf(.) = 0.5^(1/4) = 0.8409 -> x = 1.40809 sigma
+    assert floor["median"] == pytest.approx(100 * 1.408093 * 0.0723601, rel=1e-5)
+    assert floor["p10"] < floor["median"] < floor["p90"]
+    with common.console.capture() as captured:
+        common.print_summary(summ)
+    assert f"max APE over these 4 points would be ~{floor['median']:.1f}%" in captured.get()
