@@ -45,7 +45,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
@@ -374,6 +374,18 @@ class DeviceProfile:
                     return stored
             atomic_write_json(self.path / CEILINGS, ceilings)
             return ceilings
+
+    def update_ceilings(self, change: Callable[[dict[str, Any]], dict[str, Any]], what: str = "updating ceilings"
+                        ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Read-modify-write of ceilings.json under one hold of the profile lock, so a value
+        another process stored between a read and a write is never lost: ``change`` gets
+        the stored ceilings (``{}`` when none) and returns the new ones. Returns (before,
+        after)."""
+        with self.locked(what):
+            before = self.ceilings() or {}
+            after = change(dict(before))
+            atomic_write_json(self.path / CEILINGS, after)
+            return before, after
 
     # ------------------------------------------------------------------ provenance
     def provenance(self) -> list[dict[str, Any]]:

@@ -200,12 +200,11 @@ def record_cold_chain(profile: DeviceProfile, cold: Sequence[Measurement], warm:
 
     cold_s, warm_s = [m.median_s for m in cold], [m.median_s for m in warm]
     now = cold_call_overhead_from(cold_s, warm_s)
-    ceilings = profile.ceilings() or {}
-    before = ceilings.get("cold_call_overhead_s")
-    profile.write_ceilings(with_cold_call_overhead(ceilings, now, {
-        "chain_ops": COLD_CHAIN_OPS, "cold_s": cold_s, "warm_s": warm_s,
-        "paired_at": at or time.strftime(TIME_FORMAT), "before_s": before}))
-    return {"profiled": before, "now": now, "cold_s": cold_s, "warm_s": warm_s}
+    stamp = at or time.strftime(TIME_FORMAT)
+    before, _ = profile.update_ceilings(lambda ceilings: with_cold_call_overhead(ceilings, now, {
+        "chain_ops": COLD_CHAIN_OPS, "cold_s": cold_s, "warm_s": warm_s, "paired_at": stamp,
+        "before_s": ceilings.get("cold_call_overhead_s")}), "recording the cold-call chain")
+    return {"profiled": before.get("cold_call_overhead_s"), "now": now, "cold_s": cold_s, "warm_s": warm_s}
 
 
 def refit(profile: DeviceProfile, *, cv_folds: int = 4, freshness: dict[str, Any] | None = None) -> CostModel:

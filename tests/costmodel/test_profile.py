@@ -167,6 +167,36 @@ def test_ceilings_written_first_are_kept_unless_replaced(profile):
     assert profile.write_ceilings({"peak_flops_per_s": 3.0}) == profile.ceilings() == {"peak_flops_per_s": 3.0}
 
 
+UPDATER = """
+import sys, time
+import torch
+from costmodel.device import fingerprint
+from costmodel.profile import DeviceProfile
+profile = DeviceProfile.open(sys.argv[1], fingerprint(torch.device("cpu"), "float32"))
+def bump(c):
+    time.sleep(0.01)  # widen the window between read and write
+    return {**c, "n": c.get("n", 0) + 1}
+for _ in range(15):
+    profile.update_ceilings(bump)
+"""
+
+
+def test_update_ceilings_loses_no_update_of_concurrent_writers(profile):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen([sys.executable, "-c", UPDATER, str(profile.path.parent)], cwd=root, env=env,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read()
+    assert profile.ceilings()["n"] == 30  # read-modify-write under one lock: 2 x 15 increments, none lost
+    before, after = profile.update_ceilings(lambda c: {**c, "n": c["n"] + 1})
+    assert (before["n"], after["n"], profile.ceilings()["n"]) == (30, 31, 31)
+
+
 def test_temp_files_of_a_killed_writer_are_removed_by_the_next_writer(profile):
     stale = profile.path / ".measurements.csv.abc123.tmp"
     stale.write_text("half a file")
