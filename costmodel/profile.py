@@ -18,7 +18,8 @@ A profile is a folder per device fingerprint under a root (config ``profile.root
 Concurrent and interrupted writers. Every change is a read-merge-write under an exclusive
 ``flock`` on ``.lock`` (``costmodel.locks.file_lock``): the writer re-reads the file inside
 the lock, merges on the primary key ((key, round) for measurements, key for skipped
-kernels), and replaces the file atomically (temp file + ``os.replace``). So two processes
+kernels; ceilings.json changes through ``update_ceilings``, one read-modify-write under
+the lock), and replaces the file atomically (temp file + ``os.replace``). So two processes
 writing one profile at once (two terminals, two multirun jobs on a shared file system)
 lose no row and duplicate none, a killed writer leaves the last complete file, and readers
 never lock (they see the old or the new file, never half of one). A rerun resumes by
