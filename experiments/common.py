@@ -13,7 +13,8 @@ of that row's per-round medians (run-to-run noise, which bounds any model's accu
 against measurements this noisy; ``details.noise_floor_max_ape_pct`` (p10, median, p90)
 the distribution of the largest APE it would score over the run's points
 (``costmodel.evaluation``): a max target below its median is met by luck in under half
-of the runs, whatever the model.
+of the runs, whatever the model. ``details.l3_beyond_noise``: the share of points whose L3
+error exceeds twice their measurement's noise (a perfect model: 4.55%).
 ``details.freshness`` is the check before the run (``costmodel.freshness``: per-family
 ratio of reference kernels timed then vs profiled, which families were re-measured);
 ``details.profile_drift`` is how fast the experiment's profiled kernels ran, timed in the
@@ -367,7 +368,23 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
         out["details"]["noise_floor_max_ape_pct"] = {
             name: _clean(noise_floor_max_ape_pct(sigma, q)) for name, q in (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}
+        if "ape_L3_pct" in df and "L3" in levels:
+            out["details"]["l3_beyond_noise"] = beyond_noise(df["ape_L3_pct"].to_numpy() / 100, sigma)
     return out
+
+
+#: share of a perfect model's errors beyond two sigma: P(|N(0, 1)| > 2) = 1 - erf(2 / sqrt 2)
+PERFECT_SHARE_BEYOND_2_SIGMA = 0.0455
+
+
+def beyond_noise(relative_error: np.ndarray, sigma: np.ndarray) -> dict[str, Any]:
+    """How many points' errors exceed twice their measurement's own noise (points with a
+    noise estimate only). A perfect model leaves 4.55% there; much more says the model (or
+    its own measured inputs) adds error beyond what the layer measurements explain."""
+    known = np.isfinite(sigma) & (sigma > 0) & np.isfinite(relative_error)
+    share = float(np.mean(np.abs(relative_error[known]) > 2 * sigma[known])) if known.any() else None
+    return {"share_beyond_2_sigma": share, "points": int(known.sum()),
+            "perfect_model_share": PERFECT_SHARE_BEYOND_2_SIGMA}
 
 
 def l3_over_measured(df: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -448,6 +465,10 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     if max_floor.get("median") is not None:
         console.print(f"noise floor of the maximum: a perfect model's max APE over these {summ['n_points']} points would be "
                       f"~{max_floor['median']:.1f}% (10-90% of runs: {max_floor['p10']:.1f}-{max_floor['p90']:.1f}%)")
+    beyond = summ["details"].get("l3_beyond_noise") or {}
+    if beyond.get("share_beyond_2_sigma") is not None:
+        console.print(f"L3 errors beyond twice the measurement noise: {beyond['share_beyond_2_sigma']:.0%} of "
+                      f"{beyond['points']} points (a perfect model: {beyond['perfect_model_share']:.1%})")
     fresh = summ["details"].get("freshness") or {}
     if fresh.get("refreshed"):
         console.print(f"profile refreshed before this run: {fresh['refreshed_kernels']} kernels of "

@@ -8,11 +8,13 @@ For each run directory (its ``results.csv``, rows of one experiment's sweep), tw
   spread of its round medians (``round_cv``, ``rounds_timed``); a *perfect* model's APE
   at that point is then |N(0, sigma)|, and its largest APE over the run has a known
   distribution. Reported: its median and 10-90% range, and the probability that a perfect
-  model's max stays within ``--max-limit``.
+  model's max stays within ``--max-limit``; and the share of L3's errors beyond twice their
+  point's noise (4.55% for a perfect model).
 - **across runs** (no normal assumption): an oracle that knows every point's median over
   the *other* runs of the same command, and this run's own drift per backend (the median
   of measured / that reference over the backend's points, fitted in-sample, which flatters
-  it). Its errors are what run-to-run reproducibility leaves to any predictor.
+  it). Its errors are what run-to-run reproducibility leaves to any predictor; its share of
+  points beyond twice the within-run noise shows how much that noise understates it.
 
 Beside them, what L3 scored in the run. The last line: over the runs, how many a perfect
 model would be expected to pass at ``--max-limit`` and ``--median-limit``, and the
@@ -32,6 +34,7 @@ from rich.table import Table
 
 from costmodel.evaluation import max_ape_within_prob, measurement_sigma, noise_floor_max_ape_pct, \
     noise_floor_median_ape_pct
+from experiments.common import beyond_noise
 
 POINT_KEY = ["label", "param", "value"]
 
@@ -52,10 +55,12 @@ def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
 
 
 def within_run_floor(df: pd.DataFrame, max_limit_pct: float) -> dict[str, float]:
-    """The perfect model's median-APE floor and the distribution of its max APE in this run."""
+    """The perfect model's median-APE floor and the distribution of its max APE in this run,
+    and the share of L3's errors beyond twice their point's noise."""
     rounds = df["rounds_timed"].to_numpy() if "rounds_timed" in df else np.full(len(df), 3)
     sigma = measurement_sigma(df["round_cv"].to_numpy(), rounds)
-    return {"floor_median_pct": noise_floor_median_ape_pct(sigma),
+    error = (df["pred_L3_s"] / df["measured_s"] - 1).to_numpy()
+    return {"L3_share_beyond_2_sigma": beyond_noise(error, sigma)["share_beyond_2_sigma"],"floor_median_pct": noise_floor_median_ape_pct(sigma),
             "floor_max_p10_pct": noise_floor_max_ape_pct(sigma, 0.1),
             "floor_max_median_pct": noise_floor_max_ape_pct(sigma, 0.5),
             "floor_max_p90_pct": noise_floor_max_ape_pct(sigma, 0.9),
@@ -83,7 +88,11 @@ def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataF
                **within_run_floor(df, max_limit_pct)}
         if len(runs) >= 3 and len(common):
             oracle = cross_run_oracle(runs, name, common)
+            on_common = df.loc[common]
+            sigma = measurement_sigma(on_common["round_cv"].to_numpy(), on_common["rounds_timed"].to_numpy()
+                                      if "rounds_timed" in on_common else np.full(len(common), 3))
             row.update(oracle_points=len(common), oracle_median_pct=oracle.median(), oracle_max_pct=oracle.max(),
+                       oracle_share_beyond_2_sigma=beyond_noise(oracle.to_numpy() / 100, sigma)["share_beyond_2_sigma"],
                        L3_max_on_common_pct=l3.loc[common].max())
         rows.append(row)
     return pd.DataFrame(rows)
@@ -104,7 +113,8 @@ def main() -> None:
     t = Table(title=f"noise floor of {len(table)} runs (APE %; a perfect model against these measurements)")
     cols = {"run": None, "points": None, "L3_median_pct": ".1f", "floor_median_pct": ".1f", "L3_max_pct": ".1f",
             "floor_max_median_pct": ".1f", "floor_max_p10_pct": ".1f", "floor_max_p90_pct": ".1f",
-            "p_perfect_max_within": ".2f", "oracle_median_pct": ".1f", "oracle_max_pct": ".1f"}
+            "p_perfect_max_within": ".2f", "L3_share_beyond_2_sigma": ".0%", "oracle_median_pct": ".1f", "oracle_max_pct": ".1f",
+            "oracle_share_beyond_2_sigma": ".0%"}
     cols = {c: f for c, f in cols.items() if c in table}
     for c in cols:
         t.add_column(c.replace("_pct", " %").replace("_", " "), justify="right")

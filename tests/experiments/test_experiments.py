@@ -296,3 +296,17 @@ def test_summary_gives_the_noise_floor_of_the_maximum():
     with common.console.capture() as captured:
         common.print_summary(summ)
     assert f"max APE over these 4 points would be ~{floor['median']:.1f}%" in captured.get()
+    # errors 0%, 50%, 66.7%, 75% against 2 sigma = 14.5%: three of four points beyond the noise
+    assert summ["details"]["l3_beyond_noise"] == {"share_beyond_2_sigma": 0.75, "points": 4,
+                                                  "perfect_model_share": 0.0455}
+    assert "L3 errors beyond twice the measurement noise: 75% of 4 points (a perfect model: 4.5%)" in captured.get()
+
+
+def test_beyond_noise_counts_only_points_with_a_noise_estimate():
+    import numpy as np
+
+    from experiments.common import beyond_noise
+
+    out = beyond_noise(np.array([0.05, -0.25, 0.5, 0.1]), np.array([0.1, 0.1, 0.0, float("nan")]))
+    assert out == {"share_beyond_2_sigma": 0.5, "points": 2, "perfect_model_share": 0.0455}  # |-0.25| > 0.2
+    assert beyond_noise(np.array([0.1]), np.array([0.0]))["share_beyond_2_sigma"] is None

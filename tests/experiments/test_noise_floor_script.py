@@ -40,6 +40,9 @@ def test_oracle_uses_the_other_runs_median_and_this_runs_drift(noise_floor, tmp_
     # within the run: one point with sigma sqrt(pi/2) * 0.1 / sqrt(3), one noiseless
     sigma = (3.141592653589793 / 2) ** 0.5 * 0.1 / 3 ** 0.5
     assert table.loc["A", "floor_max_median_pct"] == pytest.approx(100 * 0.6744898 * sigma, rel=1e-5)
+    # L3 is 10% off at the noisy point (2 sigma = 14.5%): within the noise; the other point has no estimate
+    assert table.loc["A", "L3_share_beyond_2_sigma"] == 0.0
+    assert table.loc["A", "oracle_share_beyond_2_sigma"] == 0.0  # 5% against 14.5%
 
 
 def test_missing_results_or_columns_are_named(noise_floor, tmp_path):
