@@ -169,10 +169,8 @@ def test_ceilings_written_first_are_kept_unless_replaced(profile):
 
 UPDATER = """
 import sys, time
-import torch
-from costmodel.device import fingerprint
 from costmodel.profile import DeviceProfile
-profile = DeviceProfile.open(sys.argv[1], fingerprint(torch.device("cpu"), "float32"))
+profile = DeviceProfile.load(sys.argv[1])  # the folder itself: its fingerprint is the test's, whatever this process's
 def bump(c):
     time.sleep(0.01)  # widen the window between read and write
     return {**c, "n": c.get("n", 0) + 1}
@@ -188,7 +186,7 @@ def test_update_ceilings_loses_no_update_of_concurrent_writers(profile):
 
     root = Path(__file__).resolve().parents[2]
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
-    procs = [subprocess.Popen([sys.executable, "-c", UPDATER, str(profile.path.parent)], cwd=root, env=env,
+    procs = [subprocess.Popen([sys.executable, "-c", UPDATER, str(profile.path)], cwd=root, env=env,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     for p in procs:
         assert p.wait(timeout=120) == 0, p.stderr.read()
