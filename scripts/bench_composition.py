@@ -17,7 +17,9 @@ phases move every column together):
 - ``chain_ms``: the current model's share of the same thing (kernels x the per-op
   chain overhead, measured now).
 
-Usage: ``python scripts/bench_composition.py [--exponents 0,8] [--reps 3] [--out DIR]``;
+Usage: ``python scripts/bench_composition.py [--exponents 0,8] [--reps 3] [--d-model 1024 --d-ff 2048]
+[--out DIR]``; at ``--d-model 8 --d-ff 16`` the kernels are negligible and the layer's cold
+time is its host work and cold code, against which the model's chain share can be read;
 writes ``composition.csv`` (every repetition) and ``composition.json`` (medians) to
 ``--out`` and prints the medians. Measure alone: it shares the cores with nothing.
 """
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("--exponents", default="0,8", help="Zipf exponents (comma-separated)")
     ap.add_argument("--backends", default="loop,padded,grouped")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--d-model", type=int, default=1024, help="d_model (8 leaves the host work and cold code alone)")
+    ap.add_argument("--d-ff", type=int, default=2048)
     ap.add_argument("--out", default="results/cpu_epyc/composition")
     args = ap.parse_args()
     configure_allocator("steady")
@@ -64,12 +68,14 @@ def main() -> None:
     timing = TimingConfig(cold_cache=True, rounds=1, min_run_time_s=0.2 / 3)
     model = load_cost_model("cpu")
     console = Console(width=150)
-    x = torch.randn(32, 1024, generator=torch.Generator().manual_seed(0))
+    if args.d_model < 1 or args.d_ff < 1 or args.reps < 1:
+        raise SystemExit(f"--d-model, --d-ff and --reps must be >= 1, got {args.d_model}, {args.d_ff}, {args.reps}")
+    x = torch.randn(32, args.d_model, generator=torch.Generator().manual_seed(0))
     cases = []
     for e in (float(v) for v in args.exponents.split(",")):
         routing = route(ZipfRouting(exponent=e), tokens=32, num_experts=16, top_k=2, seed=0)
         for b in args.backends.split(","):
-            cfg = MoEConfig(tokens=32, d_model=1024, d_ff=2048, num_experts=16, top_k=2, backend=b)
+            cfg = MoEConfig(tokens=32, d_model=args.d_model, d_ff=args.d_ff, num_experts=16, top_k=2, backend=b)
             trace = moe_trace(cfg, DispatchPlan.from_routing(routing))
             layer = MoELayer(cfg, device=device, seed=0)
             cases.append((e, b, layer, routing, trace))
@@ -105,7 +111,7 @@ def main() -> None:
     med["runners_over_layer"] = med["runners_ms"] / med["layer_ms"]
     med["l3_over_layer"] = med["l3_ms"] / med["layer_ms"]
     (out / "composition.json").write_text(json.dumps({
-        "what": __doc__.split("\n")[0], "reps": args.reps, "device": model.fingerprint.describe(),
+        "what": __doc__.split("\n")[0], "reps": args.reps, "d_model": args.d_model, "d_ff": args.d_ff, "device": model.fingerprint.describe(),
         "medians": med.drop(columns=["rep"]).to_dict("records")}, indent=2) + "\n")
     table = Table(title=f"cold MoE layer vs its kernels (medians of {args.reps} interleaved repetitions; ms)")
     shown = {"exponent": ("exponent", "g"), "backend": ("backend", ""), "kernels": ("kernels", ".0f"),
