@@ -12,9 +12,9 @@
 - The same floor for the *maximum* APE over a set of points (``max_ape_within_prob``,
   ``noise_floor_max_ape_pct``): with independent normal errors of relative size
   sigma_i, P(max_i |e_i| <= x) = prod_i erf(x / (sigma_i sqrt 2)), the distribution of
-  the largest of independent half-normal variables (e.g. David & Nagaraja, *Order
-  Statistics*, 3rd ed., sec. 2.1: the CDF of the maximum of independent variables is the
-  product of their CDFs; the half-normal CDF is erf(x / (sigma sqrt 2))).
+  the largest of independent half-normal variables (the CDF of the maximum of independent
+  variables is the product of their CDFs, e.g. David & Nagaraja, *Order Statistics*, 3rd
+  ed., 2003; the half-normal CDF is erf(x / (sigma sqrt 2))).
 """
 
 from __future__ import annotations

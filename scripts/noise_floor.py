@@ -54,13 +54,20 @@ def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
     return runs
 
 
+def point_sigma(df: pd.DataFrame) -> np.ndarray:
+    """Each point's relative measurement noise (``costmodel.evaluation.measurement_sigma``);
+    runs from before ``rounds_timed`` existed timed every point in 3 rounds."""
+    rounds = df["rounds_timed"].to_numpy() if "rounds_timed" in df else np.full(len(df), 3)
+    return measurement_sigma(df["round_cv"].to_numpy(), rounds)
+
+
 def within_run_floor(df: pd.DataFrame, max_limit_pct: float) -> dict[str, float]:
     """The perfect model's median-APE floor and the distribution of its max APE in this run,
     and the share of L3's errors beyond twice their point's noise."""
-    rounds = df["rounds_timed"].to_numpy() if "rounds_timed" in df else np.full(len(df), 3)
-    sigma = measurement_sigma(df["round_cv"].to_numpy(), rounds)
+    sigma = point_sigma(df)
     error = (df["pred_L3_s"] / df["measured_s"] - 1).to_numpy()
-    return {"L3_share_beyond_2_sigma": beyond_noise(error, sigma)["share_beyond_2_sigma"],"floor_median_pct": noise_floor_median_ape_pct(sigma),
+    return {"L3_share_beyond_2_sigma": beyond_noise(error, sigma)["share_beyond_2_sigma"],
+            "floor_median_pct": noise_floor_median_ape_pct(sigma),
             "floor_max_p10_pct": noise_floor_max_ape_pct(sigma, 0.1),
             "floor_max_median_pct": noise_floor_max_ape_pct(sigma, 0.5),
             "floor_max_p90_pct": noise_floor_max_ape_pct(sigma, 0.9),
@@ -88,9 +95,7 @@ def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataF
                **within_run_floor(df, max_limit_pct)}
         if len(runs) >= 3 and len(common):
             oracle = cross_run_oracle(runs, name, common)
-            on_common = df.loc[common]
-            sigma = measurement_sigma(on_common["round_cv"].to_numpy(), on_common["rounds_timed"].to_numpy()
-                                      if "rounds_timed" in on_common else np.full(len(common), 3))
+            sigma = point_sigma(df.loc[common])
             row.update(oracle_points=len(common), oracle_median_pct=oracle.median(), oracle_max_pct=oracle.max(),
                        oracle_share_beyond_2_sigma=beyond_noise(oracle.to_numpy() / 100, sigma)["share_beyond_2_sigma"],
                        L3_max_on_common_pct=l3.loc[common].max())
