@@ -170,6 +170,7 @@ def ensure_ceilings(
     if "cold_call_overhead_s" not in ceilings:  # profiles measured before this ceiling existed: add it
         print("measuring the cold-call overhead (small ops after evicting the caches)", flush=True)
         cold = measure_cold_call_overhead(device, dtype, timing)
-        _, ceilings = profile.update_ceilings(  # onto what is stored now: another process may have written meanwhile
-            lambda stored: with_cold_call_overhead(stored or ceilings, cold["cold_call_overhead_s"], cold["evidence"]))
+        _, ceilings = profile.update_ceilings(  # another process's value, stored meanwhile, is kept (as above)
+            lambda stored: stored if "cold_call_overhead_s" in stored else
+            with_cold_call_overhead(stored or ceilings, cold["cold_call_overhead_s"], cold["evidence"]))
     return ceilings

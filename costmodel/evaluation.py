@@ -42,6 +42,28 @@ def measurement_sigma(round_cv: np.ndarray, rounds: np.ndarray) -> np.ndarray:
     return np.sqrt(np.pi / 2) * np.asarray(round_cv, float) / np.sqrt(np.maximum(np.asarray(rounds, float), 1))
 
 
+def point_sigma(df: pd.DataFrame, default_rounds: int) -> np.ndarray:
+    """``measurement_sigma`` of every row of an experiment's results: its ``round_cv`` over
+    its ``rounds_timed`` (``default_rounds`` for tables from before that column)."""
+    rounds = df["rounds_timed"].to_numpy() if "rounds_timed" in df else np.full(len(df), default_rounds)
+    return measurement_sigma(df["round_cv"].to_numpy(), rounds)
+
+
+#: share of a perfect model's errors beyond two sigma: P(|N(0, 1)| > 2) = 1 - erf(2 / sqrt 2)
+PERFECT_SHARE_BEYOND_2_SIGMA = round(float(1 - erf(2 / np.sqrt(2))), 4)
+
+
+def beyond_noise(relative_error: np.ndarray, sigma: np.ndarray) -> dict[str, Any]:
+    """How many points' errors exceed twice their measurement's own noise (points with a
+    noise estimate only). A perfect model leaves 4.55% there; much more says the model (or
+    its own measured inputs) adds error beyond what the measurements' spread explains."""
+    relative_error, sigma = np.asarray(relative_error, float), np.asarray(sigma, float)
+    known = np.isfinite(sigma) & (sigma > 0) & np.isfinite(relative_error)
+    share = float(np.mean(np.abs(relative_error[known]) > 2 * sigma[known])) if known.any() else None
+    return {"share_beyond_2_sigma": share, "points": int(known.sum()),
+            "perfect_model_share": PERFECT_SHARE_BEYOND_2_SIGMA}
+
+
 def noise_floor_median_ape_pct(sigma: np.ndarray) -> float:
     """Median APE a *perfect* model would score against labels this noisy: the median of
     |N(0, sigma_i)| is 0.6745 sigma_i. No model can be expected to beat it."""
@@ -59,9 +81,8 @@ def max_ape_within_prob(sigma: np.ndarray, limit_pct: float) -> float:
         raise ValueError(f"limit_pct must be >= 0, got {limit_pct}")
     if not len(s):
         return float("nan")
-    x = limit_pct / 100.0
-    with np.errstate(divide="ignore"):
-        return float(np.prod(np.where(s > 0, erf(x / (np.maximum(s, 1e-300) * np.sqrt(2))), 1.0)))
+    noisy = s[s > 0]
+    return float(np.prod(erf(limit_pct / 100.0 / (noisy * np.sqrt(2)))))
 
 
 def noise_floor_max_ape_pct(sigma: np.ndarray, quantile: float = 0.5) -> float:

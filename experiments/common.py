@@ -360,31 +360,15 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
             "max": {lv: _clean(np.max(a)) for lv, a in scaled.items()},
         }
     if {"round_cv"} <= set(df.columns):
-        from costmodel.evaluation import measurement_sigma, noise_floor_max_ape_pct, noise_floor_median_ape_pct
+        from costmodel.evaluation import beyond_noise, noise_floor_max_ape_pct, noise_floor_median_ape_pct, point_sigma
 
-        rounds = (df["rounds_timed"].to_numpy() if "rounds_timed" in df
-                  else np.full(len(df), df.attrs.get("rounds", 1)))
-        sigma = measurement_sigma(df["round_cv"].to_numpy(), rounds)
+        sigma = point_sigma(df, df.attrs.get("rounds", 1))
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)
         out["details"]["noise_floor_max_ape_pct"] = {
             name: _clean(noise_floor_max_ape_pct(sigma, q)) for name, q in (("p10", 0.1), ("median", 0.5), ("p90", 0.9))}
         if "ape_L3_pct" in df and "L3" in levels:
             out["details"]["l3_beyond_noise"] = beyond_noise(df["ape_L3_pct"].to_numpy() / 100, sigma)
     return out
-
-
-#: share of a perfect model's errors beyond two sigma: P(|N(0, 1)| > 2) = 1 - erf(2 / sqrt 2)
-PERFECT_SHARE_BEYOND_2_SIGMA = 0.0455
-
-
-def beyond_noise(relative_error: np.ndarray, sigma: np.ndarray) -> dict[str, Any]:
-    """How many points' errors exceed twice their measurement's own noise (points with a
-    noise estimate only). A perfect model leaves 4.55% there; much more says the model (or
-    its own measured inputs) adds error beyond what the layer measurements explain."""
-    known = np.isfinite(sigma) & (sigma > 0) & np.isfinite(relative_error)
-    share = float(np.mean(np.abs(relative_error[known]) > 2 * sigma[known])) if known.any() else None
-    return {"share_beyond_2_sigma": share, "points": int(known.sum()),
-            "perfect_model_share": PERFECT_SHARE_BEYOND_2_SIGMA}
 
 
 def l3_over_measured(df: pd.DataFrame) -> dict[str, dict[str, float]]:

@@ -89,16 +89,17 @@ class Pairing:
         return out
 
 
-def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig) -> list[Callable[[], Any]]:
-    """The ceilings' cold-call chain twice (timed from evicted caches, then warm), for a
-    paired run to re-time beside its layers: [] where no cold-call overhead applies (CUDA,
-    or layers timed warm)."""
+def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig
+                    ) -> list[tuple[Callable[[], Any], bool]]:
+    """The ceilings' cold-call chain twice, as (job, evict caches before each call): cold,
+    then warm, for a paired run to re-time beside its layers; [] where no cold-call
+    overhead applies (CUDA, or layers timed warm)."""
     from costmodel.ceilings import cold_chain  # noqa: PLC0415
 
     if device.type != "cpu" or not timing.cold_cache or model.fingerprint.cache != "cold":
         return []
     chain = cold_chain(device, model.fingerprint.dtype)
-    return [chain, chain]
+    return [(chain, True), (chain, False)]
 
 
 def pairing_for(cfg: Any, rt: Any, suite: str) -> Pairing | None:
@@ -139,9 +140,9 @@ def evaluate_workloads(
     companions = (layer_kernel_jobs(traces, first_kernel) if jobs else
                   {i: list(range(n, n + len(refs))) for i in range(n)})
     start = time.perf_counter()
-    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + chain + jobs, device=device,
-                                timing=timing, description=description, progress=progress,
-                                evict=[timing.cold_cache] * n + [False] * len(refs) + [True, False][:len(chain)]
+    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + [job for job, _ in chain] + jobs,
+                                device=device, timing=timing, description=description, progress=progress,
+                                evict=[timing.cold_cache] * n + [False] * len(refs) + [evict for _, evict in chain]
                                 + [False] * len(jobs),
                                 order=paired_order(traces, first_kernel) if jobs else None,
                                 watch=range(n), companions=companions)

@@ -32,11 +32,12 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.evaluation import max_ape_within_prob, measurement_sigma, noise_floor_max_ape_pct, \
-    noise_floor_median_ape_pct
-from experiments.common import beyond_noise
+from costmodel.evaluation import beyond_noise, max_ape_within_prob, noise_floor_max_ape_pct, \
+    noise_floor_median_ape_pct, point_sigma
+from costmodel.models import ape_pct
 
 POINT_KEY = ["label", "param", "value"]
+OLD_RUN_ROUNDS = 3  # runs from before ``rounds_timed`` existed timed every point in 3 rounds
 
 
 def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
@@ -54,17 +55,10 @@ def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
     return runs
 
 
-def point_sigma(df: pd.DataFrame) -> np.ndarray:
-    """Each point's relative measurement noise (``costmodel.evaluation.measurement_sigma``);
-    runs from before ``rounds_timed`` existed timed every point in 3 rounds."""
-    rounds = df["rounds_timed"].to_numpy() if "rounds_timed" in df else np.full(len(df), 3)
-    return measurement_sigma(df["round_cv"].to_numpy(), rounds)
-
-
 def within_run_floor(df: pd.DataFrame, max_limit_pct: float) -> dict[str, float]:
     """The perfect model's median-APE floor and the distribution of its max APE in this run,
     and the share of L3's errors beyond twice their point's noise."""
-    sigma = point_sigma(df)
+    sigma = point_sigma(df, OLD_RUN_ROUNDS)
     error = (df["pred_L3_s"] / df["measured_s"] - 1).to_numpy()
     return {"L3_share_beyond_2_sigma": beyond_noise(error, sigma)["share_beyond_2_sigma"],
             "floor_median_pct": noise_floor_median_ape_pct(sigma),
@@ -81,7 +75,7 @@ def cross_run_oracle(runs: dict[str, pd.DataFrame], name: str, points: pd.Index)
     others = pd.concat([r.loc[points, "measured_s"] for n, r in runs.items() if n != name], axis=1)
     reference = others.median(axis=1)
     drift = (measured / reference).groupby(level="label").transform("median")
-    return 100 * ((reference * drift - measured).abs() / measured)
+    return pd.Series(ape_pct(reference * drift, measured), index=points)
 
 
 def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataFrame:
@@ -90,12 +84,12 @@ def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataF
         common = df.index if common is None else common.intersection(df.index)
     rows = []
     for name, df in runs.items():
-        l3 = 100 * (df["pred_L3_s"] - df["measured_s"]).abs() / df["measured_s"]
+        l3 = pd.Series(ape_pct(df["pred_L3_s"], df["measured_s"]), index=df.index)
         row = {"run": name, "points": len(df), "L3_median_pct": l3.median(), "L3_max_pct": l3.max(),
                **within_run_floor(df, max_limit_pct)}
         if len(runs) >= 3 and len(common):
             oracle = cross_run_oracle(runs, name, common)
-            sigma = point_sigma(df.loc[common])
+            sigma = point_sigma(df.loc[common], OLD_RUN_ROUNDS)
             row.update(oracle_points=len(common), oracle_median_pct=oracle.median(), oracle_max_pct=oracle.max(),
                        oracle_share_beyond_2_sigma=beyond_noise(oracle.to_numpy() / 100, sigma)["share_beyond_2_sigma"],
                        L3_max_on_common_pct=l3.loc[common].max())
