@@ -15,8 +15,9 @@ history); the manifest says where each came from. Columns:
 - ``commit``: the code commit the run measured, where anything records it (a summary's
   ``commit`` or ``details.commit``, else the previous manifest), else empty;
 - ``profile_fingerprint``: ``details.model_profile``, else the summary's ``device``;
-- ``date``: when git last changed the folder (``git log -1 --format=%cI -- <folder>``), else
-  the newest file's modification time;
+- ``date``: when git last changed the run's ``summary.json`` (else the folder):
+  ``git log -1 --format=%cI -- <path>``, so dropping ``.hydra`` copies or renaming nothing
+  else moves it; outside git, the newest file's modification time;
 - ``scoring``: ``details.scoring`` (``held-out``, ``replay``, ``lookup``); runs from before
   held-out scoring: ``replay (pre-held-out)`` when ``details.paired`` exists, else ``lookup``;
 - ``median_L3_ape_pct``, ``p90_L3_ape_pct``, ``max_L3_ape_pct``: the summary's top-level L3
@@ -78,6 +79,7 @@ def command_from_overrides(overrides: list[str]) -> str:
 
 def git_date(path: Path) -> str:
     """When git last changed ``path`` (ISO 8601), else the newest file's mtime, else ''."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
     try:
         out = subprocess.run(["git", "log", "-1", "--format=%cI", "--", path.name], cwd=path.parent,
                              capture_output=True, text=True, check=False).stdout.strip()
@@ -85,7 +87,7 @@ def git_date(path: Path) -> str:
         out = ""
     if out:
         return out
-    mtimes = [p.stat().st_mtime for p in path.rglob("*") if p.is_file()]
+    mtimes = [p.stat().st_mtime for p in files]
     if not mtimes:
         return ""
     return dt.datetime.fromtimestamp(max(mtimes), tz=dt.timezone.utc).isoformat(timespec="seconds")
@@ -151,7 +153,7 @@ def manifest_rows(results: Path, previous: dict[tuple[str, str], dict[str, str]]
                 "command": command,
                 "commit": str(summary.get("commit") or details.get("commit") or old.get("commit", "")),
                 "profile_fingerprint": str(details.get("model_profile") or summary.get("device") or ""),
-                "date": git_date(run_dir),
+                "date": git_date(summary_path if summary_path.is_file() else run_dir),
                 "scoring": scoring_of(summary),
                 "median_L3_ape_pct": _l3(summary, "median_ape_pct"),
                 "p90_L3_ape_pct": _l3(summary, "p90_ape_pct"),
