@@ -22,7 +22,8 @@ history); the manifest says where each came from. Columns:
   held-out scoring: ``replay (pre-held-out)`` when ``details.paired`` exists, else ``lookup``;
 - ``median_L3_ape_pct``, ``p90_L3_ape_pct``, ``max_L3_ape_pct``: the summary's top-level L3
   errors (empty for predict-only runs);
-- ``quoted``: the files of the folder that README.md or docs/*.md link to.
+- ``quoted``: the files of the folder that README.md or docs/*.md name (``(folder)`` where
+  they name the folder itself).
 
 Values the folder cannot give (a command or commit of a run whose ``.hydra`` was dropped)
 are kept from the previous manifest, so hand-filled cells survive a rerun.
@@ -109,12 +110,12 @@ def _l3(summary: dict[str, Any], key: str) -> str:
 
 def quoted_files(root: Path, machine: str, run: str) -> str:
     """The files under results/<machine>/<run>/ that the docs link to, ';'-separated."""
-    pattern = re.compile(rf"results/{re.escape(machine)}/{re.escape(run)}/([A-Za-z0-9_.\-/]+)")
+    pattern = re.compile(rf"results/{re.escape(machine)}/{re.escape(run)}/([A-Za-z0-9_.\-/]*)")
     found: set[str] = set()
     for glob in DOC_GLOBS:
         for doc in sorted(root.glob(glob)):
-            found.update(m.group(1).rstrip(".") for m in pattern.finditer(doc.read_text(errors="replace")))
-    return ";".join(sorted(f for f in found if f))
+            found.update(m.group(1).rstrip(".") or "(folder)" for m in pattern.finditer(doc.read_text(errors="replace")))
+    return ";".join(sorted(found))
 
 
 def read_previous(path: Path) -> dict[tuple[str, str], dict[str, str]]:

@@ -42,6 +42,8 @@ def test_two_runs_give_two_rows_with_their_command_scoring_and_errors(tmp_path):
          overrides=["experiment=moe_skew", "moe.top_k=1", "progress=false"])
     _run(tmp_path, "cpu", "gnn_b", _summary("gnn_degree", {"paired": {"kernels": 53}}, (4.0, 9.0, 20.0)))
     (tmp_path / "README.md").write_text("![plot](results/cpu_epyc/moe_a/latency_vs_concentration.png)\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "method.md").write_text("files: `results/cpu_epyc/moe_a/`.\n")
 
     rows = manifest.write_manifest(tmp_path / "results", repo_root=tmp_path)
     on_disk = _read(tmp_path / "results" / "MANIFEST.csv")
@@ -55,7 +57,7 @@ def test_two_runs_give_two_rows_with_their_command_scoring_and_errors(tmp_path):
     assert moe["profile_fingerprint"] == "cpu-x-t2-float32-abc"
     assert moe["scoring"] == "held-out"
     assert (moe["median_L3_ape_pct"], moe["p90_L3_ape_pct"], moe["max_L3_ape_pct"]) == ("2.50", "8.00", "12.25")
-    assert moe["quoted"] == "latency_vs_concentration.png"
+    assert moe["quoted"] == "(folder);latency_vs_concentration.png"
     assert moe["date"]  # not in git here: the newest file's mtime
     assert gnn["command"] == "python -m sim experiment=gnn_degree"  # no .hydra: from the summary
     assert gnn["scoring"] == "replay (pre-held-out)"
