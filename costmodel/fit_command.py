@@ -1,8 +1,9 @@
 """`python -m costmodel fit`: fit L0-L3 on a profile, evaluate held-out, persist, report.
 
 Writes into the run's output dir: ``fit_report.json`` ({family: {level: metrics}} for the
-held-out split, the same under "extrapolation"), ``roofline.png``; saves the models
-beside the profile.
+held-out split, the same under "extrapolation"), ``roofline.png``; caches the fitted models
+in this user's model cache (``costmodel.model_cache``), never in the profile folder, so a
+read-only or shared profile can be fitted.
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     else:
         profile = rt.open_profile(create=False)
     console.print(f"profile: {profile.path}\ndevice: {profile.fingerprint.describe()}")
-    profile.require_writable("save the fitted models beside the profile")
     rows, rejected = len(profile.measurements()), profile.rejected()
     if rejected:
         console.print(f"[yellow]rejected {len(rejected)} rows[/] of {profile.path / 'measurements.csv'} (each named "
@@ -89,7 +89,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         cv_folds=int(cfg.fit.cv_folds), seed=rt.seed,
     )
     model = CostModel.fit_profile(profile, cv_folds=int(cfg.fit.cv_folds))
-    model.save(profile)
+    cached = model.save(profile)  # the user's model cache; None when the cache was refused (a warning says why)
     out = output_dir()
     out.mkdir(parents=True, exist_ok=True)
     extrapolation = report.pop("extrapolation")
@@ -100,5 +100,6 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     console.print(report_table(extrapolation, "extrapolation (shapes larger than any in training)"))
     forms = ", ".join(f"{f}: {m}" for f, m in model.meta["l3_form"].items())
     console.print(f"L3 form per family (chosen by grouped CV): {forms}")
-    console.print(f"fitted in {time.perf_counter() - start:.1f} s; models saved beside the profile; report in {out}")
+    where = f"models cached in {cached}" if cached else "models not cached (see the warning above)"
+    console.print(f"fitted in {time.perf_counter() - start:.1f} s; {where}; report in {out}")
     return {"report": report, "extrapolation": extrapolation, "output_dir": str(out), "rejected_rows": len(rejected)}

@@ -2,8 +2,10 @@
 
 A lab's profiles are one folder per device fingerprint, possibly written by many machines
 at once on a shared file system (every profile file is written atomically, so a reader
-sees complete files; models older than their profile are used and marked stale). For
-each profile found under the root (any depth):
+sees complete files). Nothing is unpickled from the root: each profile's models come from
+this user's model cache (``costmodel.model_cache``), fitted from its measurements on a
+miss, and nothing is written into the profiles. For each profile found under the root
+(any depth):
 
 - ceilings: measured peak FLOP/s, memory bandwidth, per-call overhead (and the cold-call
   overhead of a cold-cache profile), ridge point = peak / bandwidth (Williams, Waterman &
@@ -19,9 +21,11 @@ each profile found under the root (any depth):
 
 This command consumes predictions, so it sits above the simulator and imports ``sim``
 (the one command of this package that does). A corrupt profile is skipped with a
-warning, the rest kept; an empty root is an error. Outputs in ``--out`` (default
-outputs/fleet/<time>): fleet_ceilings.csv, fleet_efficiency.csv, fleet_predictions.csv,
-fleet.png; rich tables on the console.
+warning, the rest kept, and so is an inconsistent one (a fingerprint.json whose stored id
+is not the id its fields give, e.g. edited to name another device, or a folder not named
+by that id): it is listed as skipped and in no table. An empty root is an error.
+Outputs in ``--out`` (default outputs/fleet/<time>): fleet_ceilings.csv,
+fleet_efficiency.csv, fleet_predictions.csv, fleet.png; rich tables on the console.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from rich.table import Table  # noqa: E402
 
 from costmodel.device import Fingerprint  # noqa: E402
 from costmodel.models import counted_in_bytes, kernel_work  # noqa: E402
-from costmodel.predictor import CostModel, ModelVersionError, StaleModelError  # noqa: E402
+from costmodel.model_cache import ModelCacheWarning  # noqa: E402
+from costmodel.predictor import MIN_ROWS_TO_FIT, CostModel  # noqa: E402
 from costmodel.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -78,7 +83,9 @@ def find_profiles(root: Path) -> list[Path]:
 
 
 def load_device(path: Path) -> Device:
-    """Read a profile and its models; ProfileError (or any read error) when it is corrupt."""
+    """Read a profile and its models; ProfileError (or any read error) when it is corrupt or
+    inconsistent: a fingerprint.json whose stored id its fields do not give, or a folder
+    not named by that id."""
     profile = DeviceProfile.load(path)
     ceilings = profile.ceilings()
     if ceilings is None:
@@ -88,29 +95,23 @@ def load_device(path: Path) -> Device:
         if not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
             raise ProfileError(f"{path / 'ceilings.json'} is corrupted: {key} must be a positive number, got {value!r}")
     kernels = profile.kernels()
+    # DeviceProfile.load refused a fingerprint.json whose stored id its fields do not give
+    if path.name != profile.fingerprint.id:
+        raise ProfileError(f"{path}: the folder's name is not its fingerprint's id {profile.fingerprint.id!r} "
+                           f"({profile.fingerprint.describe()}); a profile lives in <root>/<fingerprint id>, so this "
+                           "one was renamed, copied or edited by hand and is left out of every table")
     notes: list[str] = []
-    try:
-        model = CostModel.load(profile)
-    except ModelVersionError:
-        model = _fit_in_memory(profile, kernels, notes, "models saved by an older version of this code")
-    except StaleModelError:
-        model = CostModel.load(profile, allow_stale=True)
-        notes.append("models older than the profile (a bench may be writing it): used as they are")
-    except ProfileError:  # no models saved yet
-        model = _fit_in_memory(profile, kernels, notes, "no saved models")
-    return Device(path.name, path, profile.fingerprint, ceilings, kernels, model, notes)
-
-
-def _fit_in_memory(profile: DeviceProfile, kernels: pd.DataFrame, notes: list[str], why: str) -> CostModel | None:
-    """Models fitted now, never written into another machine's profile."""
-    if len(kernels) >= 10:
+    model = None
+    if len(kernels) >= MIN_ROWS_TO_FIT:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            model = CostModel.fit_profile(profile)
-        notes.append(f"{why}: fitted now on {len(kernels)} kernels (not saved)")
-        return model
-    notes.append(f"{why} and only {len(kernels)} kernels: no L3")
-    return None
+            warnings.simplefilter("ignore")  # the estimators' fitting chatter
+            warnings.simplefilter("always", ModelCacheWarning)  # but a refused cache or an ignored pickle is said
+            model = CostModel.load(profile)  # this user's cache; fitted from the measurements on a miss
+        if model.origin == "fitted":
+            notes.append(f"fitted now on {len(kernels)} kernels (cached for this user, not in the profile)")
+    else:
+        notes.append(f"only {len(kernels)} kernels: no L3")
+    return Device(path.name, path, profile.fingerprint, ceilings, kernels, model, notes)
 
 
 def load_fleet(root: str | Path) -> tuple[list[Device], list[tuple[Path, str]]]:

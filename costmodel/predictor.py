@@ -1,9 +1,19 @@
-"""``CostModel``: fitted L0-L3 for one device profile, persisted beside it.
+"""``CostModel``: fitted L0-L3 for one device profile, cached per user, never beside it.
 
-Fitting reads a profile's measurements; the fitted bundle is saved as
-``<profile>/models.joblib`` with ``models.json`` naming the profile's content hash and
-fingerprint. Loading refuses a bundle from another fingerprint (``ProfileMismatchError``)
-and reports a stale one (fitted before the profile changed) so callers can refit.
+Fitting reads a profile's measurements (``fit_profile``). Fitted models are derived data:
+``load`` returns them from the user's model cache (``costmodel.model_cache``:
+``$MOEGNN_MODEL_CACHE``, else ``$XDG_CACHE_HOME/moe-gnn-sim/models``, else
+``~/.cache/moe-gnn-sim/models``, a folder only this user can write), keyed by the profile's
+fingerprint id, its content hash, ``MODEL_VERSION`` and the scikit-learn version; on a miss
+it fits them from the profile's measurements and stores them there. Nothing is ever
+unpickled from, or written into, a profile folder by loading or fitting: profile folders are
+shared data (one root serves many terminals, users and machines), and a pickle planted there
+would run its code in whoever loads it. A ``models.joblib`` left in a profile folder by older
+versions of this code is ignored (a ``ModelCacheWarning`` says so once); delete it at will.
+
+Because the key holds the content hash, cached models are never stale: a profile that
+changed (a bench, a refresh) is refitted on its next load. ``load`` still refuses a
+profile of another fingerprint than expected (``ProfileMismatchError``).
 
 Prediction is vectorised: many descriptors (or a ready kernel table) in, one DataFrame
 out, a column per level.
@@ -11,30 +21,31 @@ out, a column per level.
 
 from __future__ import annotations
 
-import io
-import json
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import joblib
 import numpy as np
 import pandas as pd
 import sklearn
 
+from costmodel import model_cache
 from costmodel.device import Fingerprint, ProfileMismatchError
 from costmodel.features import kernel_table
 from costmodel.kernels import KernelSpec
+from costmodel.model_cache import ModelCacheWarning
 from costmodel.models import make_levels
-from costmodel.profile import DeviceProfile, ProfileError, atomic_write_bytes, atomic_write_json
+from costmodel.profile import DeviceProfile, ProfileError
 
 LEVELS = ("L0", "L1", "L2", "L3")
+#: what older versions of this code saved beside a profile: never loaded, only named in a warning
 MODELS_FILE = "models.joblib"
 MODELS_META = "models.json"
 MIN_ROWS_TO_FIT = 10
-#: Version of the kernel formulas and features the saved models were fitted with: bump it
-#: when a FLOPs/bytes formula or a feature changes, so saved models count as stale and refit.
+#: Version of the kernel formulas and features the cached models were fitted with: bump it
+#: when a FLOPs/bytes formula or a feature changes, so cached models are not used and refit.
 #: 2: grouped_mm reads only the weights of experts that received tokens.
 #: 3: spmm reads only the rows of X its columns name (src_read_share) and has column features.
 #: 4: scatter backend index_put (accumulate), its own one-hot feature.
@@ -44,12 +55,13 @@ MODEL_VERSION = 5
 
 
 class StaleModelError(RuntimeError):
-    """The saved models were fitted on an older version of the profile."""
+    """Models fitted on an older version of the profile. Kept for callers that catch it:
+    ``CostModel.load`` no longer raises it (cached models are keyed by the profile's content)."""
 
 
 class ModelVersionError(StaleModelError):
-    """The saved models were fitted with other kernel features than this code computes: they
-    cannot predict (not even ``allow_stale``); refit."""
+    """Models fitted with other kernel features than this code computes. Kept for callers
+    that catch it: ``CostModel.load`` no longer raises it (``MODEL_VERSION`` is in the key)."""
 
 
 def training_table(profile: DeviceProfile) -> tuple[pd.DataFrame, np.ndarray, Mapping[str, Any]]:
@@ -77,13 +89,17 @@ class CostModel:
     meta: dict[str, Any] = field(default_factory=dict)
     #: what the freshness check of this run saw and did (``costmodel.freshness``); not persisted
     freshness: dict[str, Any] = field(default_factory=dict)
-    #: the profile's measured kernels (key -> median seconds, refresh-scaled) as fitted, saved
+    #: the profile's measured kernels (key -> median seconds, refresh-scaled) as fitted, cached
     #: with the models: L3 of a measured kernel is its measurement
     measured_s: dict[str, float] = field(default_factory=dict)
+    #: where these models came from in this process: "fitted" now, or "cache"; not persisted
+    origin: str = "fitted"
 
     # ------------------------------------------------------------------ fitting
     @classmethod
     def fit_profile(cls, profile: DeviceProfile, *, cv_folds: int = 4) -> "CostModel":
+        """Fit every level on the profile's measurements (in memory; ``save`` caches them)."""
+        content_hash = profile.content_hash()  # before reading: a bench appending meanwhile makes it a miss later
         X, y, ceilings = training_table(profile)
         levels = {name: model.fit(X, y) for name, model in make_levels(ceilings, cv_folds=cv_folds).items()}
         l3 = levels["L3"]
@@ -96,53 +112,73 @@ class CostModel:
             "sklearn": sklearn.__version__,
             "model_version": MODEL_VERSION,
         }
-        return cls(profile.fingerprint, dict(ceilings), levels, profile.content_hash(), meta,
+        return cls(profile.fingerprint, dict(ceilings), levels, content_hash, meta,
                    measured_s=dict(zip(X["key"], y)) if "key" in X else {})
 
     # ------------------------------------------------------------------ persistence
-    def save(self, profile: DeviceProfile) -> Path:
+    def cache_name(self) -> str:
+        """This model's file name in the user's model cache."""
+        version = int(self.meta.get("model_version", MODEL_VERSION))
+        return model_cache.entry_name(self.fingerprint.id, self.profile_hash, version)
+
+    def save(self, profile: DeviceProfile) -> Path | None:
+        """Store these models in the user's model cache (never in the profile folder, which
+        stays untouched and may be read-only); the cache entry, or None when the cache is
+        refused (a ``ModelCacheWarning`` says why; the models still work, uncached)."""
         if profile.fingerprint != self.fingerprint:
-            raise ProfileMismatchError("refusing to save models beside another device's profile")
-        path = profile.path / MODELS_FILE
-        buf = io.BytesIO()
-        joblib.dump({"levels": self.levels, "ceilings": dict(self.ceilings), "measured_s": dict(self.measured_s)}, buf)
-        with profile.locked("saving fitted models"):  # the pair stays consistent under concurrent fits
-            atomic_write_bytes(path, buf.getvalue())
-            atomic_write_json(
-                profile.path / MODELS_META,
-                {"profile_hash": self.profile_hash, "fingerprint": self.fingerprint.to_dict(), **self.meta},
-            )
-        return path
+            raise ProfileMismatchError(f"refusing to cache models of {self.fingerprint.id} as {profile.path}'s, "
+                                       f"a profile of {profile.fingerprint.id}")
+        bundle = {"levels": self.levels, "ceilings": dict(self.ceilings), "measured_s": dict(self.measured_s),
+                  "meta": {"profile_hash": self.profile_hash, "fingerprint": self.fingerprint.to_dict(),
+                           "profile": str(profile.path), **self.meta}}
+        return model_cache.write(self.cache_name(), bundle)
 
     @classmethod
-    def load(cls, profile: DeviceProfile, *, expected: Fingerprint | None = None, allow_stale: bool = False) -> "CostModel":
-        """Saved models of ``profile``; refuses another fingerprint, and stale models unless allowed."""
-        meta_file, model_file = profile.path / MODELS_META, profile.path / MODELS_FILE
-        if not (meta_file.exists() and model_file.exists()):
-            raise ProfileError(f"no fitted models in {profile.path}; run `python -m costmodel fit`")
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        stored = dict(meta.pop("fingerprint"))
+    def cached(cls, profile: DeviceProfile) -> "CostModel | None":
+        """The models of ``profile``'s current content from the user's model cache, or None."""
+        _warn_leftover(profile)
+        name = model_cache.entry_name(profile.fingerprint.id, profile.content_hash(), MODEL_VERSION)
+        bundle = model_cache.read(name)
+        if not isinstance(bundle, dict) or not {"levels", "ceilings", "meta"} <= set(bundle):
+            return None
+        meta = dict(bundle["meta"])
+        stored = dict(meta.pop("fingerprint", {}))
         stored.pop("id", None)
-        fp = Fingerprint(**stored)
-        if expected is not None and fp != expected:
-            raise ProfileMismatchError(
-                f"models in {profile.path} were fitted for another device; differences (models, this process): "
-                f"{fp.differences(expected)}"
-            )
-        if fp != profile.fingerprint:
-            raise ProfileMismatchError(f"models in {profile.path} do not match the profile's own fingerprint")
-        profile_hash = meta.pop("profile_hash")
-        if profile_hash != profile.content_hash() and not allow_stale:
-            raise StaleModelError(f"models in {profile.path} were fitted before the profile last changed; refit")
-        version = meta.pop("model_version", 1)
-        if version != MODEL_VERSION:  # other features: unusable even where staleness is allowed
-            raise ModelVersionError(f"models in {profile.path} were fitted with kernel formulas v{version}; this code has "
-                                  f"v{MODEL_VERSION}; refit")
-        bundle = joblib.load(model_file)
-        # saved beside the levels (the profile's kernels as fitted); models saved before
-        # measured_s existed have none, and L3 is then the regression everywhere
+        try:
+            fp = Fingerprint(**stored)
+        except TypeError:  # written by another version of this code: a miss
+            return None
+        if fp != profile.fingerprint or meta.get("model_version") != MODEL_VERSION:
+            return None
+        profile_hash = meta.pop("profile_hash", None)
+        meta.pop("profile", None)
         return cls(fp, bundle["ceilings"], bundle["levels"], profile_hash, meta,
-                   measured_s=dict(bundle.get("measured_s", {})))
+                   measured_s=dict(bundle.get("measured_s", {})), origin="cache")
+
+    @classmethod
+    def load(cls, profile: DeviceProfile, *, expected: Fingerprint | None = None, allow_stale: bool = False,
+             fit_missing: bool = True, cv_folds: int = 4) -> "CostModel":
+        """The fitted models of ``profile``: from the user's model cache, else fitted now from
+        the profile's measurements and cached (``fit_missing=False``: a ``ProfileError``
+        instead). Refuses a profile of another fingerprint than ``expected``. Nothing is read
+        from or written into the profile folder beyond its measurements, ceilings and
+        provenance. ``allow_stale`` is accepted for older callers and has no effect: cached
+        models are keyed by the profile's content, so none is ever stale."""
+        del allow_stale
+        if expected is not None and profile.fingerprint != expected:
+            raise ProfileMismatchError(
+                f"profile {profile.path} is for another device; differences (profile, this process): "
+                f"{profile.fingerprint.differences(expected)}"
+            )
+        model = cls.cached(profile)
+        if model is not None:
+            return model
+        if not fit_missing:
+            raise ProfileError(f"no fitted models of {profile.path} in the model cache {model_cache.cache_dir()}; "
+                               "they are fitted from the profile's measurements on first use")
+        model = cls.fit_profile(profile, cv_folds=cv_folds)
+        model.save(profile)
+        return model
 
     # ------------------------------------------------------------------ prediction
     def predict_table(self, table: pd.DataFrame, levels: Sequence[str] = LEVELS, *,
@@ -181,3 +217,12 @@ class CostModel:
             return pd.DataFrame(columns=list(levels), dtype=float)
         distinct = self.predict_table(kernel_table(unique), levels, keys=[s.key() for s in unique])
         return pd.DataFrame(distinct.to_numpy()[inverse], columns=distinct.columns)
+
+
+def _warn_leftover(profile: DeviceProfile) -> None:
+    """Name a pickle that older code left in the profile folder: it is never loaded."""
+    leftover = profile.path / MODELS_FILE
+    if leftover.exists():
+        warnings.warn(f"ignoring {leftover}: fitted models are never loaded from a profile folder (shared data; "
+                      f"a pickle runs code when loaded); they are fitted from the measurements and cached in "
+                      f"{model_cache.cache_dir()}. The file can be deleted.", ModelCacheWarning, stacklevel=3)

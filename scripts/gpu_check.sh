@@ -39,6 +39,9 @@ if [ -z "${WORK:-}" ]; then   # staging: packed into $OUT after every stage, rem
   trap 'rm -rf "$WORK"' EXIT
 fi
 mkdir -p "$OUT" "$WORK/logs"
+# fitted models are cached per user, never in a profile (costmodel.model_cache): here inside
+# $WORK (mktemp -d: mode 0700), so they come back in the tarball beside the profile
+export MOEGNN_MODEL_CACHE=$WORK/model_cache
 LOG=$OUT/gpu_check.log
 : > "$LOG"
 : > "$WORK/wall.tsv"

@@ -14,9 +14,11 @@ captured on this machine can be predicted against any stored profile (another de
 fingerprint), which is how a user without the target device uses the tool;
 ``measure_module_latency`` times the real module and needs the profile's own device.
 
-``load_cost_model`` only loads: it raises, naming the command to run, when this device
-has no fitted profile yet (``python -m costmodel bench`` then ``python -m costmodel
-fit``, or any ``python -m sim`` experiment, which calibrates on first use).
+``load_cost_model`` measures nothing: it raises, naming the command to run, when this
+device has no profile yet (``python -m costmodel bench``, or any ``python -m sim``
+experiment, which calibrates on first use). The fitted models come from this user's model
+cache (``costmodel.model_cache``), fitted from the profile's measurements on a miss; nothing
+is ever unpickled from, or written into, a profile folder to predict.
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     check says. Which kernels: ``kernels`` (the descriptors you are about to predict, or a
     ``CapturedTrace``; those the profile lacks are measured too), else every profiled kernel
     of the drifted families (minutes on a full profile). The returned model's ``freshness``
-    says what happened. ``"never"`` (the default) only loads.
+    says what happened. ``"never"`` (the default) measures nothing: the cached models, fitted
+    on a miss.
     """
     from costmodel.freshness import check_policy, check_tolerance  # noqa: PLC0415
 
@@ -126,8 +129,10 @@ API_SIZE_LIMITS = {"cpu": {"max_flops": 5.0e9, "max_bytes": 1.5e9, "max_call_s":
 
 
 def load_stored_cost_model(profile_path: str | Path) -> CostModel:
-    """The fitted cost model stored in one profile folder, of any device: how a trace captured
-    here is predicted for a device this machine is not (``predict_captured(trace, model)``)."""
+    """The fitted cost model of one profile folder, of any device: how a trace captured here is
+    predicted for a device this machine is not (``predict_captured(trace, model)``). The models
+    come from this user's model cache, fitted from the profile's measurements on a miss; the
+    folder is only read (it may be read-only or shared), and no pickle in it is ever loaded."""
     profile = DeviceProfile.load(profile_path)
     return CostModel.load(profile, expected=profile.fingerprint)
 

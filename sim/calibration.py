@@ -2,8 +2,9 @@
 
 ``calibrated_model`` opens this device's profile (creating it), measures the ceilings if
 missing and every kernel of the given suite that the profile lacks (with progress, holding
-the machine's measuring lock, ``costmodel.locks``), then loads the fitted models saved
-beside the profile, refitting only when the profile changed since. A second run with the
+the machine's measuring lock, ``costmodel.locks``), then loads the fitted models from the
+user's model cache (``costmodel.model_cache``; never from the profile folder, which is shared
+data), refitting only when the profile changed since. A second run with the
 same layer sizes measures nothing and fits nothing, except where the freshness check
 (``calibration.refresh=auto``, ``costmodel.freshness``) finds that a kernel family now runs
 at another speed than profiled: those families' kernels of the suite are re-measured and
@@ -129,10 +130,9 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                               + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))
     else:
         console.print(report.describe())
-    try:
-        model = CostModel.load(profile, expected=rt.fingerprint)
+    try:  # fitted models live in the user's model cache, never in the profile (costmodel.model_cache)
+        model = CostModel.load(profile, expected=rt.fingerprint, fit_missing=False)
     except (ProfileError, StaleModelError):
-        profile.require_writable("save the fitted cost models beside the profile")
         console.print(f"fitting cost models on {len(profile.kernels())} measured kernels")
         model = CostModel.fit_profile(profile, cv_folds=cv_folds)
         model.save(profile)
@@ -141,8 +141,8 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
 
 
 def fitted_model(rt: Runtime, *, profile_id: str | None = None, cv_folds: int = 4) -> CostModel:
-    """A fitted cost model as it is, measuring nothing (``measure=false``): the saved
-    models, refitted only if the profile changed since they were saved. By default this
+    """A fitted cost model as it is, measuring nothing (``measure=false``): the cached
+    models, refitted only if the profile changed since they were cached. By default this
     device's profile; ``profile_id`` (config ``profile.id``, a folder under the profile
     root) names another device's, chosen explicitly to predict for that device. A missing
     profile is a clear error, never a calibration."""
@@ -162,8 +162,9 @@ def fitted_model(rt: Runtime, *, profile_id: str | None = None, cv_folds: int = 
     if profile.fingerprint.dtype != rt.dtype:
         raise ValueError(f"profile {profile.path.name} was measured in dtype={profile.fingerprint.dtype}; "
                          f"set dtype={profile.fingerprint.dtype} to predict with it (got dtype={rt.dtype})")
-    try:
-        return CostModel.load(profile, expected=profile.fingerprint if profile_id else rt.fingerprint)
+    try:  # the user's model cache; a miss is fitted in memory and cached there, the profile is not written
+        return CostModel.load(profile, expected=profile.fingerprint if profile_id else rt.fingerprint,
+                              fit_missing=False)
     except (ProfileError, StaleModelError):
         console.print(f"fitting cost models on {len(profile.kernels())} measured kernels (nothing is measured)")
         model = CostModel.fit_profile(profile, cv_folds=cv_folds)

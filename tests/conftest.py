@@ -24,3 +24,15 @@ def private_measuring_lock(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.getbasetemp() / "measuring.lock"
     monkeypatch.setattr(locks, "default_measure_lock_path", lambda: path)
     return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_model_cache(tmp_path_factory):
+    """Fitted models go to a cache of this test session (``costmodel.model_cache``), never to
+    the user's real one; one folder per session, so a committed profile is fitted once. Set
+    for the whole session (module fixtures too); subprocesses with their own environment
+    pass ``os.environ["MOEGNN_MODEL_CACHE"]`` on."""
+    path = tmp_path_factory.getbasetemp() / "model_cache"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MOEGNN_MODEL_CACHE", str(path))
+        yield path

@@ -68,7 +68,8 @@ def test_dry_run_every_stage_survives_a_failing_one(image_python, tmp_path):
     with tarfile.open(out / "gpu_results.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.endswith("measurements.csv") for n in names)
-    assert any(n.endswith("models.joblib") for n in names)
+    assert any("/model_cache/" in n and n.endswith(".joblib") for n in names)  # the user's cache, not the profile
+    assert not any(n.endswith("models.joblib") for n in names)
     for exp in ("moe_skew", "gnn_degree", "gemm_same_flops", "moe_design", "hf_moe", "pyg_conv"):
         assert f"./{exp}/summary.json" in names, names
     assert "./logs/mlp_batch.log" in names

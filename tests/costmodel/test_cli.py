@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -20,7 +21,8 @@ TINY = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=2", "
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "costmodel", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+                          timeout=600, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
+                               "MOEGNN_MODEL_CACHE": os.environ["MOEGNN_MODEL_CACHE"]})
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +87,8 @@ def test_bad_input_is_a_clear_error(args, message, tmp_path):
 def _start(*args: str, cwd: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "costmodel", *args], cwd=cwd, stdout=log.open("w"),
                             stderr=subprocess.STDOUT, text=True,
-                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200"})
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
+                               "MOEGNN_MODEL_CACHE": os.environ["MOEGNN_MODEL_CACHE"]})
 
 
 def _wait_for(predicate, what: str, timeout_s: float = 300.0) -> None:

@@ -19,7 +19,8 @@ WARM = "cpu-intel-r-xeon-r-processor-t2-float32-b3d5410f1a"  # gemm and elementw
 
 
 def _fleet(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200"}
+    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200",
+           "MOEGNN_MODEL_CACHE": os.environ["MOEGNN_MODEL_CACHE"]}
     return subprocess.run([sys.executable, "-m", "costmodel", "fleet", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=env)
 
@@ -114,19 +115,41 @@ def test_a_root_of_only_corrupt_profiles_is_an_error(tmp_path):
         fleet.load_fleet(tmp_path / "root")
 
 
-def test_models_saved_by_another_code_version_are_refitted_in_memory(tmp_path):
-    """A profile whose saved models another version of the code fitted (other features):
-    fleet refits them in memory, says so, and leaves the files as they were."""
+class _Planted:
+    """Unpickling it calls ``open(marker, "w")``: proof that a pickle was loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_pickle_in_a_profile_folder_is_never_loaded(tmp_path):
+    """A models.joblib in a profile (older code saved one there; anyone who can write a shared
+    root can plant one) is ignored, with its models.json: the fleet's models come from this
+    user's cache, fitted from the measurements, and the profile is left as it was."""
     import json
 
-    dst = tmp_path / WARM
+    import joblib
+
+    from costmodel.model_cache import ModelCacheWarning
+    from costmodel.predictor import MODEL_VERSION
+    from costmodel.profile import DeviceProfile
+
+    dst = tmp_path / "root" / WARM
     shutil.copytree(ROOT / "profiles" / WARM, dst)
-    meta_file = dst / "models.json"
-    meta = json.loads(meta_file.read_text())
-    meta["model_version"] = int(meta["model_version"]) - 1
-    meta_file.write_text(json.dumps(meta))
+    marker = tmp_path / "pwned"
+    joblib.dump({"levels": _Planted(marker), "ceilings": {}, "measured_s": {}}, dst / "models.joblib")
+    profile = DeviceProfile.load(dst)
+    (dst / "models.json").write_text(json.dumps({"profile_hash": profile.content_hash(), "model_version": MODEL_VERSION,
+                                                 "fingerprint": profile.fingerprint.to_dict()}))
     before = (dst / "models.joblib").read_bytes()
-    device = fleet.load_device(dst)
-    assert device.model is not None
-    assert any("older version of this code" in n and "not saved" in n for n in device.notes)
+    with pytest.warns(ModelCacheWarning, match="ignoring"):
+        devices, skipped = fleet.load_fleet(tmp_path / "root")
+    assert not skipped and devices[0].model is not None and devices[0].model.levels
+    assert not marker.exists()
     assert (dst / "models.joblib").read_bytes() == before
+    done = _fleet(str(tmp_path / "root"), "--out", str(tmp_path / "out"), cwd=tmp_path)  # the command, too
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ignoring" in done.stderr and not marker.exists()

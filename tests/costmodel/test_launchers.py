@@ -26,7 +26,8 @@ TINY_DESIGN = ["design.tokens=[16,64]", "design.d_model=[256]", "design.num_expe
 
 
 def _sim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200"}
+    env = {"PYTHONPATH": str(ROOT), "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "COLUMNS": "200",
+           "MOEGNN_MODEL_CACHE": os.environ["MOEGNN_MODEL_CACHE"]}
     return subprocess.run([sys.executable, "-m", "sim", *args], cwd=cwd, capture_output=True, text=True, timeout=600,
                           env=env)
 

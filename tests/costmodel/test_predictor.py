@@ -1,8 +1,8 @@
-"""CostModel persistence: round trip, fingerprint refusal, staleness, too little data."""
+"""CostModel persistence (the user's model cache): round trip, fingerprint refusal, a changed
+profile refitted, too little data."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 
 import numpy as np
@@ -12,11 +12,19 @@ import torch
 from costmodel.device import ProfileMismatchError, fingerprint
 from costmodel.features import kernel_table
 from costmodel.kernels import GemmSpec, GroupedGemmSpec, SortSpec
-from costmodel.predictor import MODEL_VERSION, CostModel, ModelVersionError, StaleModelError
+from costmodel import predictor
+from costmodel.predictor import CostModel
 from costmodel.profile import DeviceProfile, ProfileError
 
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
 
+
+
+@pytest.fixture(autouse=True)
+def own_model_cache(tmp_path, monkeypatch):
+    """A cache per test: the tiny profiles of these tests have equal contents, so a shared cache
+    would answer one test with another's models."""
+    monkeypatch.setenv("MOEGNN_MODEL_CACHE", str(tmp_path / "model_cache"))
 
 def _fill(profile, n):
     rows = []
@@ -37,24 +45,30 @@ def profile(tmp_path):
 def test_fit_save_load_predict(profile):
     _fill(profile, 30)
     model = CostModel.fit_profile(profile, cv_folds=3)
-    model.save(profile)
+    entry = model.save(profile)
+    assert entry is not None and entry.parent != profile.path  # the user's cache, not the profile
     loaded = CostModel.load(profile, expected=profile.fingerprint)
+    assert loaded.origin == "cache" and model.origin == "fitted"
     specs = [GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)]
     assert np.allclose(loaded.predict(specs).to_numpy(), model.predict(specs).to_numpy())
     assert list(loaded.predict(specs).columns) == ["L0", "L1", "L2", "L3"]
 
 
-def test_models_refuse_another_device_and_report_staleness(profile):
+def test_models_refuse_another_device_and_a_changed_profile_is_refitted(profile):
     _fill(profile, 30)
     CostModel.fit_profile(profile, cv_folds=3).save(profile)
     with pytest.raises(ProfileMismatchError, match="dtype"):
         CostModel.load(profile, expected=replace(profile.fingerprint, dtype="bfloat16"))
+    before = profile.content_hash()
     spec = SortSpec(8)
     profile.append_measurements([{"key": spec.key(), "round": 0, **spec.to_record(), "flops": 0.0,
                                   "bytes_moved": spec.bytes_moved(), "median_s": 1e-6, "iqr_s": 0.0, "noisy": False}])
-    with pytest.raises(StaleModelError, match="refit"):
-        CostModel.load(profile)
-    assert CostModel.load(profile, allow_stale=True).levels
+    with pytest.raises(ProfileError, match="no fitted models"):  # the cache is keyed by the profile's content
+        CostModel.load(profile, fit_missing=False)
+    refitted = CostModel.load(profile, allow_stale=True)  # allow_stale: accepted, no effect
+    assert refitted.origin == "fitted" and refitted.profile_hash == profile.content_hash() != before
+    assert "sort" in refitted.meta["families"]
+    assert CostModel.load(profile).origin == "cache"
 
 
 def test_empty_or_tiny_profiles_are_clear_errors(profile):
@@ -63,8 +77,10 @@ def test_empty_or_tiny_profiles_are_clear_errors(profile):
     _fill(profile, 5)
     with pytest.raises(ProfileError, match="at least 10 are needed"):
         CostModel.fit_profile(profile)
-    with pytest.raises(ProfileError, match="no fitted models"):
+    with pytest.raises(ProfileError, match="at least 10 are needed"):  # load fits on a miss: the same error
         CostModel.load(profile)
+    with pytest.raises(ProfileError, match="no fitted models"):
+        CostModel.load(profile, fit_missing=False)
 
 
 def test_predict_deduplicates_but_keeps_order_and_repeats(profile):
@@ -78,18 +94,15 @@ def test_predict_deduplicates_but_keeps_order_and_repeats(profile):
     assert model.predict([]).empty
 
 
-def test_models_fitted_with_older_kernel_formulas_are_stale(profile):
+def test_models_fitted_with_older_kernel_formulas_are_not_used(profile, monkeypatch):
     _fill(profile, 30)
     CostModel.fit_profile(profile, cv_folds=3).save(profile)
-    meta_file = profile.path / "models.json"
-    meta = json.loads(meta_file.read_text())
-    meta["model_version"] = MODEL_VERSION - 1
-    meta_file.write_text(json.dumps(meta))
-    with pytest.raises(StaleModelError, match=f"v{MODEL_VERSION - 1}.*v{MODEL_VERSION}"):
-        CostModel.load(profile)
-    # other features than this code computes: unusable even where staleness is allowed
-    with pytest.raises(ModelVersionError, match="refit"):
-        CostModel.load(profile, allow_stale=True)
+    assert CostModel.load(profile).origin == "cache"
+    monkeypatch.setattr(predictor, "MODEL_VERSION", predictor.MODEL_VERSION + 1)  # the code's features changed
+    assert CostModel.cached(profile) is None  # MODEL_VERSION is in the cache key
+    refitted = CostModel.load(profile, allow_stale=True)  # other features: refitted even where staleness is allowed
+    assert refitted.origin == "fitted" and refitted.meta["model_version"] == predictor.MODEL_VERSION
+    assert CostModel.load(profile).origin == "cache"
 
 
 def test_profile_kernels_follow_current_byte_formulas(profile):
