@@ -4,7 +4,11 @@ and measured latencies, then run every placement for real and compare the makesp
 1. The mix (``placement_mix``: MoE layers at several routing concentrations and batch
    sizes, GNN layers on graphs of different skew, skinny and balanced dense MLPs) is
    built once; each workload's trace, memory and factory come from
-   ``sim.placement_workloads``.
+   ``sim.placement_workloads`` (an entry's ``_target_`` must be one of its builders,
+   ``MIX_BUILDERS``). ``validate`` checks every key before anything is measured:
+   ``placement.levels`` (a single level may be given as a string), ``repeats``, the
+   solver settings, each device's name, threads, distinct cores and memory_bytes
+   (a positive integer or null).
 2. Every device (``placement.device_sets[placement.variant]``: CPU "devices" of a thread
    count, pinned to cores) is calibrated on first use for its fingerprint (threads are part
    of it) and every workload is measured on it, pinned, in interleaved rounds, from cold
@@ -25,8 +29,9 @@ timelines, predicted beside measured), makespan.png.
 from __future__ import annotations
 
 import gc
+import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import matplotlib
 
@@ -50,21 +55,44 @@ from sim.placement_workloads import calibration_suite  # noqa: E402
 ORACLE = "oracle"
 
 
+#: builders ``placement_mix`` may name as ``_target_`` (each returns a ``sim.placement.Workload``)
+MIX_BUILDERS = tuple(f"sim.placement_workloads.{b}" for b in ("moe_workload", "gnn_workload", "mlp_workload"))
+
+
 def build_workloads(cfg: Mapping[str, Any]) -> list[Workload]:
-    """Instantiate every entry of ``placement_mix`` (name -> builder config), validated."""
+    """Instantiate every entry of ``placement_mix`` (name -> builder config), validated: only
+    the builders of ``MIX_BUILDERS``, each result a ``Workload``."""
     from hydra.utils import instantiate
 
     mix = cfg.get("placement_mix") or {}
-    if not mix:
-        raise PlacementError("placement_mix must list at least one workload (name: {_target_: ..., ...})")
+    if not isinstance(mix, Mapping) or not mix:
+        raise PlacementError("placement_mix must list at least one workload (name: {_target_: ..., ...}), got "
+                             f"{mix!r}")
     out = []
     for i, (name, spec) in enumerate(mix.items()):
+        if not isinstance(spec, Mapping):
+            raise PlacementError(f"placement_mix.{name} must be a mapping {{_target_: builder, its arguments}}, "
+                                 f"got {spec!r}")
+        target = spec.get("_target_")
+        if target not in MIX_BUILDERS:
+            raise PlacementError(f"placement_mix.{name}._target_ must be one of {list(MIX_BUILDERS)}, got {target!r}")
+        nested = [k for k, v in spec.items() if k != "_target_" and (isinstance(v, Mapping) or k.startswith("_"))]
+        if nested:
+            raise PlacementError(f"placement_mix.{name}: {nested} are not arguments of {target} (plain values only; "
+                                 "no nested configs or Hydra keys such as _args_ or _partial_)")
         try:
-            out.append(instantiate(spec, name=str(name), dtype=str(cfg["dtype"]), seed=int(cfg.get("seed", 0)) + i))
+            w = instantiate(spec, name=str(name), dtype=str(cfg["dtype"]), seed=int(cfg.get("seed", 0)) + i)
         except Exception as err:  # Hydra wraps the builder's ValueError
             cause = err.__cause__ or err
-            raise ValueError(f"placement_mix.{name}: {cause}") from None
+            raise PlacementError(f"placement_mix.{name}: {cause}") from None
+        if not isinstance(w, Workload):
+            raise PlacementError(f"placement_mix.{name}: {target} returned a {type(w).__name__}, not a Workload")
+        out.append(w)
     return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def device_settings(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -72,23 +100,46 @@ def device_settings(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     p = cfg["placement"]
     variant = p["variant"]
     sets = p["device_sets"]
-    if variant not in sets:
+    if not isinstance(sets, Mapping) or not sets:
+        raise PlacementError(f"placement.device_sets must map variant names to lists of devices, got {sets!r}")
+    if not isinstance(variant, str) or variant not in sets:
         raise PlacementError(f"placement.variant must be one of {sorted(sets)}, got {variant!r}")
-    devices = list(sets[variant] or [])
+    devices = sets[variant] or []
+    key = f"placement.device_sets.{variant}"
+    if isinstance(devices, (str, Mapping)) or not isinstance(devices, Sequence):
+        raise PlacementError(f"{key} must be a list of devices ({{name, threads, cores, memory_bytes}}), got {devices!r}")
     if not devices:
-        raise PlacementError(f"placement.device_sets.{variant} lists no devices")
+        raise PlacementError(f"{key} lists no devices")
+    allowed = {"name", "threads", "cores", "memory_bytes"}
     out = []
-    for d in devices:
-        name, threads, cores = d.get("name"), d.get("threads"), d.get("cores")
-        if not isinstance(threads, int) or threads < 1:
-            raise PlacementError(f"device {name!r}: threads must be a positive integer, got {threads!r}")
+    for j, d in enumerate(devices):
+        where = f"{key}[{j}]"
+        if not isinstance(d, Mapping):
+            raise PlacementError(f"{where} must be a mapping {{name, threads, cores, memory_bytes}}, got {d!r}")
+        unknown = sorted(set(d) - allowed)
+        if unknown:
+            raise PlacementError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+        name, threads, cores, memory = d.get("name"), d.get("threads"), d.get("cores"), d.get("memory_bytes")
+        if not isinstance(name, str) or not name:
+            raise PlacementError(f"{where}.name must be a non-empty string, got {name!r}")
+        if not _is_int(threads) or threads < 1:
+            raise PlacementError(f"{where}.threads (device {name!r}) must be a positive integer, got {threads!r}")
+        if memory is not None and (not _is_int(memory) or memory < 1):
+            raise PlacementError(f"{where}.memory_bytes (device {name!r}) must be a positive integer of bytes, or null "
+                                 f"for an equal share of the host's memory, got {memory!r}")
         if cores is not None:
-            cores = tuple(int(c) for c in cores)
-            check_cores(str(name), cores)
+            if isinstance(cores, (str, Mapping)) or not isinstance(cores, Sequence) or not cores \
+                    or not all(_is_int(c) and c >= 0 for c in cores):
+                raise PlacementError(f"{where}.cores (device {name!r}) must be a non-empty list of core ids (integers "
+                                     f">= 0), or null for unpinned, got {cores!r}")
+            cores = tuple(cores)
+            if len(set(cores)) != len(cores):
+                raise PlacementError(f"{where}.cores (device {name!r}) must be distinct, got {list(cores)}")
+            check_cores(name, cores)
             if len(cores) < threads:
                 raise PlacementError(f"device {name!r}: {threads} threads on {len(cores)} cores would contend; "
                                      "give at least as many cores as threads")
-        out.append({"name": str(name), "threads": threads, "cores": cores, "memory_bytes": d.get("memory_bytes")})
+        out.append({"name": name, "threads": threads, "cores": cores, "memory_bytes": memory})
     names = [d["name"] for d in out]
     if len(set(names)) != len(names):
         raise PlacementError(f"device names must be unique, got {names}")
@@ -130,24 +181,42 @@ def _memory(setting: Mapping[str, Any], n_devices: int, device: Any) -> int:
     return total // n_devices if device.type == "cpu" else total
 
 
+def placement_levels(value: Any) -> list[str]:
+    """``placement.levels``: a list of cost-model levels; a single string is one level
+    (``placement.levels=L3`` means ["L3"], not its letters)."""
+    levels = [value] if isinstance(value, str) else value
+    if isinstance(levels, Mapping) or not isinstance(levels, Sequence) or not levels \
+            or any(not isinstance(lv, str) or lv not in LEVELS for lv in levels):
+        raise PlacementError(f"placement.levels must list levels from {list(LEVELS)} (or name one), got {value!r}")
+    if len(set(levels)) != len(levels):
+        raise PlacementError(f"placement.levels must not repeat a level, got {list(levels)}")
+    return list(levels)
+
+
 def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[Workload], dict[str, int]]:
     """Every key, every workload and every memory limit checked, nothing measured or set:
     (device settings, workloads, memory per device)."""
     cfg = config_dict(cfg)
     device = check_common(cfg)
-    p = cfg["placement"]
-    levels = list(p["levels"])
-    if not levels or any(lv not in LEVELS for lv in levels):
-        raise PlacementError(f"placement.levels must list levels from {list(LEVELS)}, got {levels}")
+    p = cfg.get("placement")
+    allowed = {"variant", "device_sets", "levels", "solver", "exact_max_binaries", "time_limit_s", "repeats"}
+    if not isinstance(p, Mapping):
+        raise PlacementError(f"placement must be a mapping with keys {sorted(allowed)}, got {p!r}")
+    unknown, missing = sorted(set(p) - allowed), sorted(allowed - set(p))
+    if unknown or missing:
+        raise PlacementError("placement: " + (f"unknown key(s) {unknown}" if unknown else f"missing key(s) {missing}")
+                             + f"; allowed: {sorted(allowed)}")
+    levels = placement_levels(p["levels"])
     repeats = p["repeats"]
-    if not isinstance(repeats, int) or repeats < 1:
+    if not _is_int(repeats) or repeats < 1:
         raise PlacementError(f"placement.repeats must be a positive integer, got {repeats!r}")
-    if p["solver"] not in SOLVERS:
+    if not isinstance(p["solver"], str) or p["solver"] not in SOLVERS:
         raise PlacementError(f"placement.solver must be one of {list(SOLVERS)}, got {p['solver']!r}")
-    if not isinstance(p["exact_max_binaries"], int) or p["exact_max_binaries"] < 0:
+    if not _is_int(p["exact_max_binaries"]) or p["exact_max_binaries"] < 0:
         raise PlacementError(f"placement.exact_max_binaries must be an integer >= 0, got {p['exact_max_binaries']!r}")
-    if not (isinstance(p["time_limit_s"], (int, float)) and p["time_limit_s"] > 0):
-        raise PlacementError(f"placement.time_limit_s must be > 0, got {p['time_limit_s']!r}")
+    limit = p["time_limit_s"]
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+        raise PlacementError(f"placement.time_limit_s must be a finite number of seconds > 0, got {limit!r}")
     settings = device_settings(cfg)
     workloads = build_workloads(cfg)
     memory = {s["name"]: _memory(s, len(settings), device) for s in settings}
@@ -167,7 +236,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     cfg = config_dict(cfg)
     settings, workloads, memory = validate(cfg)  # everything checked before any work
     p = cfg["placement"]
-    levels, repeats = list(p["levels"]), p["repeats"]
+    levels, repeats = placement_levels(p["levels"]), p["repeats"]
     progress = bool(cfg.get("progress", True))
     rt0 = Runtime.from_cfg(cfg)
     out = output_dir(cfg, out_dir)

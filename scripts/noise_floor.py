@@ -2,7 +2,8 @@
 
     python scripts/noise_floor.py results/cpu_epyc/moe_v* --max-limit 15 --median-limit 5
 
-For each run directory (its ``results.csv``, rows of one experiment's sweep), two floors:
+For each run directory (its ``results.csv``, rows of one experiment's sweep; a run is
+named by its path as given, so runs in folders of the same name stay apart), two floors:
 
 - **within the run** (``costmodel.evaluation``): each point's measurement noise is the
   spread of its round medians (``round_cv``, ``rounds_timed``); a *perfect* model's APE
@@ -20,11 +21,19 @@ Beside them, what L3 scored in the run. The last line: over the runs, how many a
 model would be expected to pass at ``--max-limit`` and ``--median-limit``, and the
 chance of passing three runs in a row at the within-run rate.
 Writes ``noise_floor.csv`` to ``--out`` when given.
+
+Bad input stops with a message naming the file, column and line: an empty or header-only
+results.csv, a missing column, text or a value out of range (measured_s and pred_L3_s
+finite and > 0, round_cv finite and >= 0, rounds_timed an integer >= 1), a point repeated
+with other values; exact duplicate rows are dropped with a note, and limits must be finite
+percentages > 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,19 +49,93 @@ POINT_KEY = ["label", "param", "value"]
 OLD_RUN_ROUNDS = 3  # runs from before ``rounds_timed`` existed timed every point in 3 rounds
 
 
+#: columns read as numbers, by their allowed range
+POSITIVE = ("measured_s", "pred_L3_s")  # seconds: finite and > 0
+NON_NEGATIVE = ("round_cv",)  # finite and >= 0
+
+
+def _fail(path: Path, message: str) -> SystemExit:
+    return SystemExit(f"{path}: {message}")
+
+
+def _show(value: object) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _check_numbers(path: Path, df: pd.DataFrame) -> pd.DataFrame:
+    """The numeric columns as floats, each value in its range, else a SystemExit naming the
+    file, the column and the row (line of the file: the header is line 1)."""
+    checks = [(c, "a finite number > 0", lambda x: np.isfinite(x) & (x > 0)) for c in POSITIVE]
+    checks += [(c, "a finite number >= 0", lambda x: np.isfinite(x) & (x >= 0)) for c in NON_NEGATIVE]
+    if "rounds_timed" in df:
+        checks.append(("rounds_timed", "an integer >= 1",
+                       lambda x: np.isfinite(x) & (x >= 1) & (np.mod(np.where(np.isfinite(x), x, 0), 1) == 0)))
+    df = df.copy()
+    for col, allowed, ok in checks:
+        raw = df[col]
+        values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~ok(values))
+        if len(bad):
+            shown = ", ".join(f"line {i + 2}: {_show(raw.iloc[i])}" for i in bad[:5])
+            more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+            raise _fail(path, f"column {col} must be {allowed} in every row; {len(bad)} row(s) are not: {shown}{more}")
+        df[col] = values
+    return df
+
+
+def read_run(path: Path) -> pd.DataFrame:
+    """One results.csv, checked and indexed by point: numbers in range, exact duplicate rows
+    dropped (with a note on stderr), a point repeated with other values refused."""
+    try:
+        df = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise _fail(path, "is empty (no header, no rows); give a run directory whose experiment finished") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as err:
+        raise _fail(path, f"cannot be read as CSV: {err}") from None
+    missing = [c for c in (*POINT_KEY, "measured_s", "pred_L3_s", "round_cv") if c not in df]
+    if missing:
+        raise _fail(path, f"missing column(s) {', '.join(missing)}")
+    if df.empty:
+        raise _fail(path, "has a header but no rows; give a run directory whose experiment finished")
+    df = _check_numbers(path, df)
+    duplicated = df.duplicated(keep="first")
+    if duplicated.any():
+        lines = [int(i) + 2 for i in np.flatnonzero(duplicated.to_numpy())]
+        print(f"note: {path}: dropped {len(lines)} exact duplicate row(s) (lines {lines[:10]}"
+              f"{' ...' if len(lines) > 10 else ''}); each point counts once", file=sys.stderr)
+        df = df[~duplicated]
+    again = df.duplicated(POINT_KEY, keep=False)
+    if again.any():
+        lines = [int(i) + 2 for i in np.flatnonzero(again.to_numpy())]
+        raise _fail(path, f"the point ({', '.join(POINT_KEY)}) repeats with different values on lines {lines[:10]}; "
+                          "one row per point")
+    return df.set_index(POINT_KEY)
+
+
 def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
-    """Each run's results.csv, indexed by point; a missing file or column is named."""
-    runs = {}
+    """Each run's results.csv, indexed by point and keyed by its directory's path as given
+    (runs in folders of the same name stay apart); a missing or unusable file, column or
+    value is named, and a directory given twice counts once (with a note)."""
+    runs: dict[str, pd.DataFrame] = {}
+    seen: dict[Path, str] = {}
     for d in dirs:
         path = d / "results.csv"
         if not path.is_file():
             raise SystemExit(f"{path}: no results.csv (give run directories of `python -m sim experiment=...`)")
-        df = pd.read_csv(path)
-        missing = [c for c in (*POINT_KEY, "measured_s", "pred_L3_s", "round_cv") if c not in df]
-        if missing:
-            raise SystemExit(f"{path}: missing column(s) {', '.join(missing)}")
-        runs[d.name] = df.set_index(POINT_KEY)
+        real = path.resolve()
+        if real in seen:
+            print(f"note: {d} is the run {seen[real]} again; counted once", file=sys.stderr)
+            continue
+        seen[real] = str(d)
+        runs[str(d)] = read_run(path)
     return runs
+
+
+def check_limit(name: str, value: float) -> float:
+    """A percentage limit: finite and > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise SystemExit(f"{name} must be a finite percentage > 0, got {value}")
+    return value
 
 
 def within_run_floor(df: pd.DataFrame, max_limit_pct: float) -> dict[str, float]:
@@ -104,8 +187,8 @@ def main() -> None:
     ap.add_argument("--median-limit", type=float, default=5.0, help="median APE target, %% (default 5)")
     ap.add_argument("--out", type=Path, help="folder for noise_floor.csv")
     args = ap.parse_args()
-    if args.max_limit <= 0 or args.median_limit <= 0:
-        raise SystemExit(f"--max-limit and --median-limit must be > 0, got {args.max_limit}, {args.median_limit}")
+    check_limit("--max-limit", args.max_limit)
+    check_limit("--median-limit", args.median_limit)
     table = floor_table(load_runs(args.runs), args.max_limit)
 
     console = Console()

@@ -13,29 +13,37 @@ The problem is makespan minimisation on unrelated parallel machines, R||Cmax in 
 notation of Graham, Lawler, Lenstra & Rinnooy Kan (1979): every workload runs on one
 device, a device runs its workloads back to back, minimise the largest per-device sum.
 
-- exact (small instances): the integer program
+- exact (up to ``exact_max_binaries`` workload-device pairs under ``auto``, 20,000 by
+  default): the integer program
   ``min C  s.t.  sum_d x_id = 1,  sum_i p_id x_id <= C,  sum_i m_i x_id <= M_d,  x binary``
   (Lenstra, Shmoys & Tardos 1990, eq. (1)-(4), plus the memory rows) solved by
-  ``scipy.optimize.milp`` (HiGHS branch and cut);
-- greedy (large instances): LPT, longest processing time first (Graham 1969), each
+  ``scipy.optimize.milp`` (HiGHS branch and cut) within ``time_limit_s``: past it, the best
+  placement found and its gap; LPT's placement where it is no worse, or (with a note)
+  where HiGHS found none in time;
+- greedy (larger instances): LPT, longest processing time first (Graham 1969), each
   workload, longest first by its fastest device, to the device where it finishes
   earliest; on identical devices LPT is within 4/3 - 1/(3m) of optimal (Graham 1969);
-- the optimality gap of the greedy solution is measured against a lower bound: the LP
-  relaxation of the program above together with max_i min_d p_id (every workload runs
-  somewhere, whole).
+- the optimality gap is measured against a proven lower bound: HiGHS's dual bound (exact
+  path) or the LP relaxation of the program above (LPT path), together with
+  max_i min_d p_id (every workload runs somewhere, whole) and sum_i min_d p_id / m.
 
-Bad input (no workloads, no devices, a device without a fitted profile, a workload too
-large for every device's memory, a cost that is not a finite number >= 0) raises
-``PlacementError`` naming what is wrong, before anything is solved or run.
+Bad input (no workloads, no devices, something that is not a ``Workload`` or ``Device``,
+a device without a fitted profile, a workload too large for every device's memory, a
+predicted cost that is not a finite number >= 0, a memory size or count given as a bool;
+for ``solve``, a cost matrix whose shape does not match the names or that holds NaN,
+inf or negative seconds) raises ``PlacementError`` naming what is wrong, before anything
+is solved or run.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -47,14 +55,27 @@ from costmodel.predictor import CostModel
 
 #: solvers ``place`` accepts: auto (exact when small, else LPT), milp, lpt
 SOLVERS = ("auto", "milp", "lpt")
-#: ``auto`` solves exactly up to this many (workload, device) binaries
-EXACT_MAX_BINARIES = 400
+#: ``auto`` solves exactly (within ``time_limit_s``, keeping LPT's answer where it is no
+#: worse) up to this many (workload, device) binaries: 1,000 workloads on 20 devices
+EXACT_MAX_BINARIES = 20_000
 #: wall-clock limit of the exact solver; past it HiGHS returns its best solution and gap
 EXACT_TIME_LIMIT_S = 20.0
 
 
 class PlacementError(ValueError):
     """Placement input that cannot be placed: said before anything runs."""
+
+
+def _is_int(value: object) -> bool:
+    """An integer, and not a bool (``True`` is no memory size or count)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _seconds(value: object) -> float | None:
+    """A real number as float, or None for anything else (str, None, bool, arrays)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    return float(value)
 
 
 @runtime_checkable
@@ -84,6 +105,9 @@ class Workload:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise PlacementError(f"workload.name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.trace, (str, bytes, Mapping)) or not isinstance(self.trace, Iterable):
+            raise PlacementError(f"workload {self.name!r}: trace must be a sequence of costmodel.kernels descriptors, "
+                                 f"got {type(self.trace).__name__}")
         trace = tuple(self.trace)
         if not trace:
             raise PlacementError(f"workload {self.name!r}: trace must list at least one kernel descriptor")
@@ -92,7 +116,7 @@ class Workload:
             raise PlacementError(f"workload {self.name!r}: trace entries must be costmodel.kernels descriptors, "
                                  f"got {sorted(set(bad))}")
         object.__setattr__(self, "trace", trace)
-        if isinstance(self.memory_bytes, bool) or not isinstance(self.memory_bytes, (int, np.integer)) or self.memory_bytes < 0:
+        if not _is_int(self.memory_bytes) or self.memory_bytes < 0:
             raise PlacementError(f"workload {self.name!r}: memory_bytes must be an integer >= 0, got {self.memory_bytes!r}")
         if not callable(getattr(self.factory, "build", None)):
             raise PlacementError(f"workload {self.name!r}: factory must have a build(device) method, "
@@ -123,10 +147,15 @@ class Device:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise PlacementError(f"device.name must be a non-empty string, got {self.name!r}")
-        if not isinstance(self.memory_bytes, (int, np.integer)) or self.memory_bytes < 1:
+        if not _is_int(self.memory_bytes) or self.memory_bytes < 1:
             raise PlacementError(f"device {self.name!r}: memory_bytes must be a positive integer, got {self.memory_bytes!r}")
         if self.cores is not None:
-            cores = tuple(int(c) for c in self.cores)
+            cores = self.cores
+            if isinstance(cores, (str, bytes, Mapping)) or not isinstance(cores, Iterable) \
+                    or not all(_is_int(c) for c in tuple(cores)):
+                raise PlacementError(f"device {self.name!r}: cores must be a list of distinct integer core ids >= 0, "
+                                     f"got {self.cores!r}")
+            cores = tuple(int(c) for c in cores)
             if not cores or min(cores) < 0 or len(set(cores)) != len(cores):
                 raise PlacementError(f"device {self.name!r}: cores must be distinct core ids >= 0, got {self.cores!r}")
             object.__setattr__(self, "cores", cores)
@@ -240,8 +269,14 @@ def cost_matrix(workloads: Sequence[Workload], devices: Sequence[Device], predic
         for i, w in enumerate(workloads):
             if isinstance(predict, str):
                 cost[i, d] = float(predict_trace(dev._fitted(), w.trace, [predict], quiet=True)[predict].sum())
-            else:
-                cost[i, d] = float(predict(w, dev))
+                continue
+            value = predict(w, dev)
+            seconds = _seconds(value)
+            if seconds is None:
+                raise PlacementError(f"predict {predictor_name(predict)!r} must return seconds as a number (finite, "
+                                     f">= 0); for workload {w.name!r} on device {dev.name!r} it returned "
+                                     f"{type(value).__name__} {value!r}")
+            cost[i, d] = seconds
     bad = [(workloads[i].name, devices[d].name, float(cost[i, d])) for i, d in zip(*np.nonzero(~(np.isfinite(cost) & (cost >= 0))))]
     if bad:
         raise PlacementError(f"predicted latencies must be finite seconds >= 0; got (workload, device, value) {bad[:5]}")
@@ -257,10 +292,24 @@ def predictor_name(predict: Predictor) -> str:
 
 def check_inputs(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor) -> None:
     """Every error ``place`` can raise about its input, before any solving or running."""
+    for kind, items, cls in (("workloads", workloads, Workload), ("devices", devices, Device)):
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
+            raise PlacementError(f"{kind} must be a list of sim.placement.{cls.__name__}, got {type(items).__name__}")
     if not workloads:
         raise PlacementError("no workloads to place: give at least one")
     if not devices:
         raise PlacementError("no devices to place on: give at least one")
+    for kind, items, cls in (("workloads", workloads, Workload), ("devices", devices, Device)):
+        for i, x in enumerate(items):
+            if not isinstance(x, cls):
+                label = getattr(x, "name", x) if not isinstance(x, str) else x
+                raise PlacementError(f"{kind}[{i}] ({label!r}) is a {type(x).__name__}, not a sim.placement.{cls.__name__}"
+                                     f"; build one with sim.placement.{cls.__name__}(...)"
+                                     + (" or a builder of sim.placement_workloads" if cls is Workload else
+                                        " or Device.from_profile"))
+    for i, w in enumerate(workloads):
+        if not w.trace:  # a Workload refuses an empty trace when built; this catches one changed after
+            raise PlacementError(f"workloads[{i}] ({w.name!r}): trace must list at least one kernel descriptor")
     for kind, items in (("workload", workloads), ("device", devices)):
         names = [x.name for x in items]
         dup = sorted({n for n in names if names.count(n) > 1})
@@ -294,12 +343,7 @@ def place(workloads: Sequence[Workload], devices: Sequence[Device], predict: Pre
     ``solver``: "milp" (exact, HiGHS), "lpt" (greedy) or "auto" (exact when the instance
     has at most ``exact_max_binaries`` workload-device pairs, else LPT).
     """
-    if solver not in SOLVERS:
-        raise PlacementError(f"solver must be one of {list(SOLVERS)}, got {solver!r}")
-    if not (isinstance(exact_max_binaries, int) and exact_max_binaries >= 0):
-        raise PlacementError(f"exact_max_binaries must be an integer >= 0, got {exact_max_binaries!r}")
-    if not time_limit_s > 0:
-        raise PlacementError(f"time_limit_s must be > 0, got {time_limit_s!r}")
+    _check_solver_options(solver, exact_max_binaries, time_limit_s)
     check_inputs(workloads, devices, predict)
     cost = cost_matrix(workloads, devices, predict)
     return solve(cost, np.array([w.memory_bytes for w in workloads], dtype=np.float64),
@@ -312,34 +356,121 @@ def place(workloads: Sequence[Workload], devices: Sequence[Device], predict: Pre
 def solve(cost_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: np.ndarray, *, workloads: tuple[str, ...],
           devices: tuple[str, ...], predictor: str = "costs", solver: str = "auto",
           exact_max_binaries: int = EXACT_MAX_BINARIES, time_limit_s: float = EXACT_TIME_LIMIT_S) -> Placement:
-    """R||Cmax with memory capacities on a ready cost matrix (``place`` without the models)."""
-    cost = np.asarray(cost_s, dtype=np.float64)
+    """R||Cmax with memory capacities on a ready cost matrix (``place`` without the models).
+
+    The exact solver stops at ``time_limit_s`` with its best placement and the gap to its
+    proven bound; LPT's placement is kept where it is no worse, and is returned (with a
+    note) when the exact solver found none in time.
+    """
+    cost, memory, capacity, workloads, devices = check_problem(cost_s, memory_bytes, capacity_bytes,
+                                                               workloads=workloads, devices=devices)
+    _check_solver_options(solver, exact_max_binaries, time_limit_s)
+    time_limit_s = float(time_limit_s)
     n, m = cost.shape
-    fits = memory_bytes[:, None] <= capacity_bytes[None, :]
-    lower = lower_bound_s(cost, memory_bytes, capacity_bytes)
+    fits = memory[:, None] <= capacity[None, :]
+    started = time.monotonic()
     exact = solver == "milp" or (solver == "auto" and n * m <= exact_max_binaries)
+    greedy = _lpt(cost, memory, capacity, fits)
     if exact:
-        device_of, optimal, mip_gap = _milp(cost, memory_bytes, capacity_bytes, time_limit_s)
-        greedy = _lpt(cost, memory_bytes, capacity_bytes, fits)
+        found = _milp(cost, memory, capacity, time_limit_s)
+        elapsed = time.monotonic() - started
+        lower = max(simple_lower_bound_s(cost, memory, capacity), found.dual_bound_s)
+        if found.device_of is None:  # no incumbent within the limit
+            if greedy is None:
+                raise PlacementError(f"the exact solver found no placement within time_limit_s={time_limit_s:g} "
+                                     f"({found.message}) and LPT cannot fit the workloads into the devices' memory; "
+                                     "raise time_limit_s")
+            span = _makespan(cost, greedy)
+            gap = _gap_pct(span, lower)
+            note = (f"the exact solver found no placement within time_limit_s={time_limit_s:g} ({elapsed:.1f} s; "
+                    f"HiGHS: {found.message}): LPT's placement instead; gap vs lower bound {gap:.2f}%")
+            return Placement(workloads, devices, greedy, cost, predictor, "lpt", span, lower, gap,
+                             bool(math.isclose(span, lower, rel_tol=1e-9, abs_tol=1e-15)), note)
+        device_of, optimal = found.device_of, found.optimal
         span = _makespan(cost, device_of)
-        if greedy is not None and _makespan(cost, greedy) < span - 1e-12:  # a time-limited MILP can lose to LPT
+        kept_lpt = greedy is not None and _makespan(cost, greedy) < span - 1e-12  # a time-limited MILP can lose to LPT
+        if kept_lpt:
             device_of, optimal, span = greedy, False, _makespan(cost, greedy)
         gap = 0.0 if optimal else _gap_pct(span, lower)
-        note = ("proven optimal (HiGHS)" if optimal else
-                f"time limit {time_limit_s:g} s reached: HiGHS gap {100 * mip_gap:.2f}%; gap vs lower bound {gap:.2f}%")
+        if optimal:
+            note = "proven optimal (HiGHS)"
+        else:
+            why = (f"time limit {time_limit_s:g} s reached" if found.status == 1 else f"HiGHS stopped ({found.message})")
+            note = (f"{why} after {elapsed:.1f} s: best placement found, HiGHS gap {100 * found.mip_gap:.2f}%; "
+                    f"gap vs lower bound {gap:.2f}%" + ("; LPT's placement, better than the solver's" if kept_lpt else ""))
         return Placement(workloads, devices, device_of, cost, predictor, "milp", span, lower, gap, optimal, note)
-    device_of = _lpt(cost, memory_bytes, capacity_bytes, fits)
-    if device_of is None:
+    if greedy is None:
         raise PlacementError("LPT could not fit the workloads into the devices' memory (each device's sum of "
                              "workload memory must stay within its memory_bytes); try solver='milp'")
-    span = _makespan(cost, device_of)
+    lower = lower_bound_s(cost, memory, capacity, time_limit_s=time_limit_s)
+    span = _makespan(cost, greedy)
     identical = bool(np.allclose(cost, cost[:, :1]))
     gap = _gap_pct(span, lower)
     note = f"LPT; gap vs lower bound {gap:.2f}%"
     if identical:
         note += f"; identical devices: within {4 / 3 - 1 / (3 * m):.3f}x of optimal (Graham 1969)"
-    return Placement(workloads, devices, device_of, cost, predictor, "lpt", span, lower, gap,
+    return Placement(workloads, devices, greedy, cost, predictor, "lpt", span, lower, gap,
                      bool(math.isclose(span, lower, rel_tol=1e-9, abs_tol=1e-15)), note)
+
+
+def _check_solver_options(solver: object, exact_max_binaries: object, time_limit_s: object) -> None:
+    if not isinstance(solver, str) or solver not in SOLVERS:
+        raise PlacementError(f"solver must be one of {list(SOLVERS)}, got {solver!r}")
+    if not _is_int(exact_max_binaries) or exact_max_binaries < 0:
+        raise PlacementError(f"exact_max_binaries must be an integer >= 0, got {exact_max_binaries!r}")
+    limit = _seconds(time_limit_s)
+    if limit is None or not math.isfinite(limit) or limit <= 0:
+        raise PlacementError(f"time_limit_s must be a finite number of seconds > 0, got {time_limit_s!r}")
+
+
+def _names(field_name: str, names: object) -> tuple[str, ...]:
+    if isinstance(names, (str, bytes, Mapping)) or not isinstance(names, Iterable):
+        raise PlacementError(f"{field_name} must be a list of names (non-empty strings), got {type(names).__name__}")
+    names = tuple(names)
+    bad = [x for x in names if not isinstance(x, str) or not x]
+    if bad:
+        raise PlacementError(f"{field_name} must be non-empty strings, got {bad[:5]}")
+    if not names:
+        raise PlacementError(f"{field_name} lists no names: give at least one")
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise PlacementError(f"{field_name} must be unique, repeated: {dup}")
+    return names
+
+
+def _numbers(field_name: str, value: object, shape: tuple[int, ...], what: str) -> np.ndarray:
+    raw = np.asarray(value)
+    if raw.dtype.kind not in "iuf":
+        raise PlacementError(f"{field_name} must be an array of numbers, got dtype {raw.dtype} ({type(value).__name__})")
+    array = raw.astype(np.float64)
+    if array.shape != shape:
+        raise PlacementError(f"{field_name} must have shape {list(shape)} ({what}), got {list(array.shape)}")
+    return array
+
+
+def check_problem(cost_s: object, memory_bytes: object, capacity_bytes: object, *, workloads: object,
+                  devices: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[str, ...], tuple[str, ...]]:
+    """``solve``'s input checked: names unique, the cost matrix [workloads, devices] of finite
+    seconds >= 0, memory finite bytes >= 0 per workload, capacities finite bytes > 0 per
+    device. Returns them as float arrays and name tuples; PlacementError naming the field."""
+    workloads, devices = _names("workloads", workloads), _names("devices", devices)
+    n, m = len(workloads), len(devices)
+    cost = _numbers("cost_s", cost_s, (n, m), f"one row per workload name ({n}), one column per device name ({m})")
+    bad = np.argwhere(~(np.isfinite(cost) & (cost >= 0)))
+    if len(bad):
+        shown = [(workloads[i], devices[d], float(cost[i, d])) for i, d in bad[:5]]
+        raise PlacementError(f"cost_s must hold finite seconds >= 0; {len(bad)} do not, (workload, device, value): {shown}")
+    memory = _numbers("memory_bytes", memory_bytes, (n,), f"one per workload name ({n})")
+    bad = np.flatnonzero(~(np.isfinite(memory) & (memory >= 0)))
+    if len(bad):
+        raise PlacementError(f"memory_bytes must be finite bytes >= 0; (workload, value): "
+                             f"{[(workloads[i], float(memory[i])) for i in bad[:5]]}")
+    capacity = _numbers("capacity_bytes", capacity_bytes, (m,), f"one per device name ({m})")
+    bad = np.flatnonzero(~(np.isfinite(capacity) & (capacity > 0)))
+    if len(bad):
+        raise PlacementError(f"capacity_bytes must be finite bytes > 0; (device, value): "
+                             f"{[(devices[d], float(capacity[d])) for d in bad[:5]]}")
+    return cost, memory, capacity, workloads, devices
 
 
 def _gap_pct(span: float, lower: float) -> float:
@@ -373,8 +504,11 @@ def _lpt(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray, fits: np.nd
 
 
 def _program(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray) -> tuple[Any, ...]:
-    """(objective, constraints, bounds) of the integer program, costs scaled to O(1)."""
+    """(objective, constraints, bounds, scale) of the integer program, costs scaled to O(1);
+    sparse rows (a dense [n, n*m] assignment matrix takes gigabytes at a few thousand
+    workloads)."""
     from scipy.optimize import Bounds, LinearConstraint
+    from scipy.sparse import csr_array
 
     n, m = cost.shape
     scale = float(cost.mean()) or 1.0  # all-zero costs (e.g. L0 of work without FLOPs)
@@ -382,15 +516,13 @@ def _program(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray) -> tupl
     nv = n * m + 1  # x_id (row-major: i * m + d), then C
     c = np.zeros(nv)
     c[-1] = 1.0
-    assign = np.zeros((n, nv))
-    for i in range(n):
-        assign[i, i * m:(i + 1) * m] = 1.0
-    load = np.zeros((m, nv))
-    mem = np.zeros((m, nv))
-    for d in range(m):
-        load[d, d:n * m:m] = p[:, d]
-        load[d, -1] = -1.0
-        mem[d, d:n * m:m] = memory / capacity[d]
+    cols = np.arange(n * m)
+    assign = csr_array((np.ones(n * m), (np.repeat(np.arange(n), m), cols)), shape=(n, nv))
+    device_of_col = np.tile(np.arange(m), n)
+    load = csr_array((np.concatenate([p.ravel(), -np.ones(m)]),
+                      (np.concatenate([device_of_col, np.arange(m)]), np.concatenate([cols, np.full(m, nv - 1)]))),
+                     shape=(m, nv))
+    mem = csr_array(((memory[:, None] / capacity[None, :]).ravel(), (device_of_col, cols)), shape=(m, nv))
     upper = np.ones(nv)
     upper[:-1] = (memory[:, None] <= capacity[None, :]).astype(float).ravel()
     upper[-1] = np.inf
@@ -399,35 +531,61 @@ def _program(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray) -> tupl
     return c, constraints, Bounds(np.zeros(nv), upper), scale
 
 
-def _milp(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray, time_limit_s: float) -> tuple[tuple[int, ...], bool, float]:
+@dataclass(frozen=True)
+class _MilpResult:
+    device_of: tuple[int, ...] | None  # None: no placement found within the limit
+    optimal: bool
+    mip_gap: float
+    dual_bound_s: float  # HiGHS's proven lower bound on the makespan (0 when it has none)
+    status: int
+    message: str
+
+
+def _milp(cost: np.ndarray, memory: np.ndarray, capacity: np.ndarray, time_limit_s: float) -> _MilpResult:
     from scipy.optimize import milp
 
     n, m = cost.shape
-    c, constraints, bounds, _ = _program(cost, memory, capacity)
+    c, constraints, bounds, scale = _program(cost, memory, capacity)
     integrality = np.ones(len(c))
     integrality[-1] = 0
     res = milp(c, constraints=constraints, integrality=integrality, bounds=bounds,
                options={"time_limit": float(time_limit_s), "mip_rel_gap": 1e-9})
+    dual = getattr(res, "mip_dual_bound", None)
+    dual_s = float(dual) * scale if dual is not None and np.isfinite(dual) and dual > 0 else 0.0
     if res.x is None:
         if res.status == 2:
             raise PlacementError("the workloads do not fit the devices' memory: no placement keeps every device's "
                                  "sum of workload memory within its memory_bytes")
-        raise PlacementError(f"the exact solver found no placement: {res.message}")
+        return _MilpResult(None, False, float("nan"), dual_s, int(res.status), str(res.message))
     x = res.x[:-1].reshape(n, m)
     device_of = tuple(int(np.argmax(row)) for row in x)
-    return device_of, bool(res.status == 0), float(getattr(res, "mip_gap", 0.0) or 0.0)
+    gap = getattr(res, "mip_gap", None)
+    return _MilpResult(device_of, bool(res.status == 0), float(gap) if gap is not None and np.isfinite(gap) else
+                       float("nan"), dual_s, int(res.status), str(res.message))
 
 
-def lower_bound_s(cost_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: np.ndarray) -> float:
-    """A proven lower bound on the optimal makespan: max(LP relaxation, max_i min_d p_id)."""
+def simple_lower_bound_s(cost_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: np.ndarray) -> float:
+    """A lower bound needing no solver: max(max_i min_d p_id, sum_i min_d p_id / devices),
+    each minimum over the devices the workload fits."""
+    cost = np.asarray(cost_s, dtype=np.float64)
+    fits = np.asarray(memory_bytes)[:, None] <= np.asarray(capacity_bytes)[None, :]
+    fastest = np.where(fits, cost, np.inf).min(axis=1)
+    fastest = np.where(np.isfinite(fastest), fastest, 0.0)
+    return float(max(fastest.max(), fastest.sum() / cost.shape[1]))
+
+
+def lower_bound_s(cost_s: np.ndarray, memory_bytes: np.ndarray, capacity_bytes: np.ndarray, *,
+                  time_limit_s: float = EXACT_TIME_LIMIT_S) -> float:
+    """A proven lower bound on the optimal makespan: max(LP relaxation, max_i min_d p_id);
+    the LP stops at ``time_limit_s`` (then the bound of ``simple_lower_bound_s``)."""
     from scipy.optimize import milp
 
     cost = np.asarray(cost_s, dtype=np.float64)
-    fits = memory_bytes[:, None] <= capacity_bytes[None, :]
-    whole = float(np.where(fits, cost, np.inf).min(axis=1).max())
+    whole = simple_lower_bound_s(cost, memory_bytes, capacity_bytes)
     c, constraints, bounds, scale = _program(cost, memory_bytes, capacity_bytes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        res = milp(c, constraints=constraints, integrality=np.zeros(len(c)), bounds=bounds)
-    lp = float(res.fun) * scale if res.x is not None else 0.0
+        res = milp(c, constraints=constraints, integrality=np.zeros(len(c)), bounds=bounds,
+                   options={"time_limit": float(time_limit_s)})
+    lp = float(res.fun) * scale if res.x is not None and res.status == 0 else 0.0
     return max(lp, whole)

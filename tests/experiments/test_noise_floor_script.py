@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -31,7 +32,8 @@ def write_run(root: Path, name: str, measured: list[float], pred: list[float]) -
 def test_oracle_uses_the_other_runs_median_and_this_runs_drift(noise_floor, tmp_path):
     dirs = [write_run(tmp_path, "A", [1.0, 2.2], [1.1, 2.2]), write_run(tmp_path, "B", [2.0, 4.0], [2.0, 4.0]),
             write_run(tmp_path, "C", [1.5, 3.0], [1.5, 3.0])]
-    table = noise_floor.floor_table(noise_floor.load_runs(dirs), max_limit_pct=15.0).set_index("run")
+    table = noise_floor.floor_table(noise_floor.load_runs(dirs), max_limit_pct=15.0)
+    table = table.assign(run=[Path(r).name for r in table["run"]]).set_index("run")
     # A: B and C give medians 1.75 and 3.5; A's drift is the median of 1/1.75 and 2.2/3.5 = 0.6,
     # so the oracle says 1.05 and 2.1: APEs 5% and 4.545%
     assert table.loc["A", "oracle_max_pct"] == pytest.approx(5.0)
@@ -51,3 +53,76 @@ def test_missing_results_or_columns_are_named(noise_floor, tmp_path):
     (tmp_path / "results.csv").write_text("label,value\nloop,0\n")
     with pytest.raises(SystemExit, match="missing column.*param.*measured_s"):
         noise_floor.load_runs([tmp_path])
+
+
+# ----------------------------------------------------------------------------- bad input (issue 28)
+
+
+def _run_rows(measured: list, **extra) -> pd.DataFrame:
+    n = len(measured)
+    return pd.DataFrame({"label": ["loop"] * n, "param": ["exponent"] * n, "value": [float(i) for i in range(n)],
+                         "measured_s": measured, "pred_L3_s": [1.0] * n, "round_cv": [0.1] * n,
+                         "rounds_timed": [3] * n, **extra})
+
+
+@pytest.mark.parametrize("column, value, shown", [
+    ("measured_s", 0.0, "0.0"), ("measured_s", -1.0, "-1.0"), ("measured_s", float("nan"), "nan"),
+    ("measured_s", float("inf"), "inf"), ("measured_s", "fast", "'fast'"), ("pred_L3_s", 0.0, "0.0"),
+    ("round_cv", -0.5, "-0.5"), ("rounds_timed", 0, "0"), ("rounds_timed", 2.5, "2.5"),
+])
+def test_values_out_of_range_name_the_file_column_and_line(noise_floor, tmp_path, column, value, shown):
+    df = _run_rows([1.0, 2.0, 3.0])
+    df[column] = df[column].astype(object)
+    df.loc[1, column] = value
+    (tmp_path / "r").mkdir()
+    df.to_csv(tmp_path / "r" / "results.csv", index=False)
+    with pytest.raises(SystemExit, match=rf"r/results.csv: column {column} must be .* 1 row\(s\) are not: "
+                                         rf"line 3: {re.escape(shown)}$"):
+        noise_floor.load_runs([tmp_path / "r"])
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "is empty"),
+    ("label,param,value,measured_s,pred_L3_s,round_cv\n", "has a header but no rows"),
+])
+def test_an_empty_or_header_only_file_is_named(noise_floor, tmp_path, text, message):
+    (tmp_path / "results.csv").write_text(text)
+    with pytest.raises(SystemExit, match=f"results.csv: {message}"):
+        noise_floor.load_runs([tmp_path])
+
+
+def test_exact_duplicate_rows_count_once_and_conflicting_ones_are_refused(noise_floor, tmp_path, capsys):
+    (tmp_path / "r").mkdir()
+    df = _run_rows([1.0, 2.0])
+    pd.concat([df, df.iloc[[1]]]).to_csv(tmp_path / "r" / "results.csv", index=False)
+    runs = noise_floor.load_runs([tmp_path / "r"])
+    assert len(runs[str(tmp_path / "r")]) == 2
+    assert "dropped 1 exact duplicate row(s) (lines [4])" in capsys.readouterr().err
+    other = df.iloc[[1]].assign(measured_s=5.0)
+    pd.concat([df, other]).to_csv(tmp_path / "r" / "results.csv", index=False)
+    with pytest.raises(SystemExit, match=r"repeats with different values on lines \[3, 4\]"):
+        noise_floor.load_runs([tmp_path / "r"])
+
+
+def test_runs_in_folders_of_the_same_name_stay_apart(noise_floor, tmp_path, capsys):
+    dirs = []
+    for lab, m in (("a", 1.0), ("b", 2.0), ("c", 1.5)):
+        (tmp_path / lab).mkdir()
+        dirs.append(write_run(tmp_path / lab, "moe_v1", [m, 2 * m], [m, 2 * m]))
+    runs = noise_floor.load_runs(dirs + [dirs[0]])  # the first given twice: counted once
+    assert list(runs) == [str(d) for d in dirs]
+    assert "counted once" in capsys.readouterr().err
+    table = noise_floor.floor_table(runs, max_limit_pct=15.0)
+    assert len(table) == 3 and table["oracle_points"].tolist() == [2, 2, 2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-limit", "nan"], "--max-limit must be a finite percentage > 0, got nan"),
+    (["--max-limit", "inf"], "--max-limit must be a finite percentage > 0, got inf"),
+    (["--median-limit", "-1"], "--median-limit must be a finite percentage > 0, got -1"),
+])
+def test_limits_must_be_finite_and_positive(noise_floor, tmp_path, monkeypatch, args, message):
+    run = write_run(tmp_path, "A", [1.0, 2.0], [1.0, 2.0])
+    monkeypatch.setattr("sys.argv", ["noise_floor.py", str(run), *args])
+    with pytest.raises(SystemExit, match=message):
+        noise_floor.main()

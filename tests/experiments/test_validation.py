@@ -30,6 +30,11 @@ def test_every_experiment_validates_its_tiny_config_without_side_effects(name, t
     assert not (tmp_path / "profiles").exists()
 
 
+#: the placement experiment's two devices, the first with memory_bytes set to a bad value
+_DEVICES = ("placement.device_sets.homogeneous=[{name:a,threads:1,cores:[0],memory_bytes:%s},"
+            "{name:b,threads:1,cores:[1],memory_bytes:null}]")
+
+
 @pytest.mark.parametrize(
     "name, overrides, message",
     [
@@ -58,6 +63,26 @@ def test_every_experiment_validates_its_tiny_config_without_side_effects(name, t
         ("flops_spectrum", ["spectrum.moe.tokens=[0]"], r"spectrum.moe.tokens must be a positive integer"),
         ("flops_spectrum", ["spectrum.gnn.skewed_a=1.5"], r"spectrum.gnn.skewed_a must be an R-MAT a in \[0, 1\]"),
         ("roofline", ["roofline.results_globs=[1,2]"], r"roofline.results_globs must be a glob or a list of globs"),
+        ("placement", [_DEVICES % "0"], r"placement.device_sets.homogeneous\[0\].memory_bytes \(device 'a'\) must be a "
+                                        r"positive integer of bytes, or null .*got 0"),
+        ("placement", [_DEVICES % "-5"], r"placement.device_sets.homogeneous\[0\].memory_bytes .*got -5"),
+        ("placement", [_DEVICES % "lots"], r"placement.device_sets.homogeneous\[0\].memory_bytes .*got 'lots'"),
+        ("placement", ["placement.device_sets.homogeneous=[{name:a,threads:1,cores:[0,0],memory_bytes:null}]"],
+         r"placement.device_sets.homogeneous\[0\].cores \(device 'a'\) must be distinct, got \[0, 0\]"),
+        ("placement", ["placement.device_sets.homogeneous=[{name:a,threads:1,cores:[x],memory_bytes:null}]"],
+         r"placement.device_sets.homogeneous\[0\].cores \(device 'a'\) must be a non-empty list of core ids"),
+        ("placement", ["placement.device_sets.homogeneous=[{name:a,threads:true,cores:[0],memory_bytes:null}]"],
+         r"placement.device_sets.homogeneous\[0\].threads \(device 'a'\) must be a positive integer, got True"),
+        ("placement", ["placement.repeats=true"], r"placement.repeats must be a positive integer, got True"),
+        ("placement", ["placement.levels=[L0,L9]"], r"placement.levels must list levels from \['L0', 'L1', 'L2', 'L3'\]"),
+        ("placement", ["placement.time_limit_s=nan"], r"placement.time_limit_s must be a finite number of seconds > 0"),
+        ("placement", ["placement.exact_max_binaries=true"], r"placement.exact_max_binaries must be an integer >= 0, got True"),
+        ("placement", ["+placement._target_=os.getcwd"], r"placement: unknown key\(s\) \['_target_'\]; allowed: "),
+        ("placement", ["placement_mix.moe._target_=builtins.dict"],
+         r"placement_mix.moe._target_ must be one of \['sim.placement_workloads.moe_workload', .*got 'builtins.dict'"),
+        ("placement", ["+placement_mix.evil={_target_:os.system,command:ls}"],
+         r"placement_mix.evil._target_ must be one of .*got 'os.system'"),
+        ("placement", ["+placement_mix.moe._args_=[1]"], r"placement_mix.moe: \['_args_'\] are not arguments of"),
     ],
 )
 def test_bad_input_is_refused_by_validate_and_by_run_before_any_work(name, overrides, message, tmp_path):
@@ -84,6 +109,13 @@ def test_single_strings_are_one_item_not_letters(tmp_path):
 
     configs, _, _ = moe_skew.validate(_cfg("moe_skew", tmp_path, "moe.backends=padded"))
     assert [c.backend for c in configs] == ["padded"]
+
+
+def test_a_single_placement_level_is_one_level_not_letters(tmp_path):
+    from experiments import placement
+
+    placement.validate(_cfg("placement", tmp_path, "placement.levels=L3"))  # not ['L', '3']
+    assert placement.placement_levels("L3") == ["L3"]
 
 
 def _multirun_config(*overrides: str):

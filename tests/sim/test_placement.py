@@ -274,3 +274,142 @@ def test_any_trace_plugs_in_with_an_imported_factory():
     assert w.factory.build(torch.device("cpu"))().shape == (3, 3)
     assert len(calibration_suite([w])) == len(trace_suite(trace)) > 0
     assert place([w], [_device("x")], "L0").assignment() == {"x": ["captured"]}
+
+
+# ----------------------------------------------------------------------------- bad input (issue 28)
+
+
+class FakeWorkload:
+    """Looks like a workload (a name, a memory size) but has no trace and is no Workload."""
+
+    name = "fake"
+    memory_bytes = 0
+    trace = ()
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda ws, ds: (ws + [FakeWorkload()], ds), r"workloads\[2\] \('fake'\) is a FakeWorkload, not a sim.placement.Workload"),
+    (lambda ws, ds: (["a"], ds), r"workloads\[0\] \('a'\) is a str, not a sim.placement.Workload"),
+    (lambda ws, ds: (ws, ds + ["gpu"]), r"devices\[1\] \('gpu'\) is a str, not a sim.placement.Device"),
+    (lambda ws, ds: ("ab", ds), r"workloads must be a list of sim.placement.Workload, got str"),
+])
+def test_what_is_not_a_workload_or_device_is_refused_by_name(make, message):
+    ws, ds = make([_workload("a", 1.0), _workload("b", 1.0)], [_device("x")])
+    with pytest.raises(PlacementError, match=message):
+        place(ws, ds, "L3")
+
+
+def test_a_workload_whose_trace_was_emptied_is_refused():
+    w = _workload("a", 1.0)
+    object.__setattr__(w, "trace", ())  # past the constructor's check
+    with pytest.raises(PlacementError, match=r"workloads\[0\] \('a'\): trace must list at least one kernel"):
+        place([w], [_device("x")], "L0")
+
+
+@pytest.mark.parametrize("value", ["1.0", None, True, [1.0]])
+def test_a_predictor_returning_no_number_is_named(value):
+    with pytest.raises(PlacementError, match=r"must return seconds as a number .* workload 'a' on device 'x' it returned"):
+        place([_workload("a", 1.0)], [_device("x")], lambda w, d: value)
+
+
+def test_bools_are_no_sizes_counts_or_limits():
+    with pytest.raises(PlacementError, match="device 'x': memory_bytes must be a positive integer, got True"):
+        Device("x", _model(), True)
+    with pytest.raises(PlacementError, match="workload 'a': memory_bytes must be an integer >= 0, got True"):
+        Workload("a", (GemmSpec(1, 1, 1),), True, _workload("b", 1.0).factory)
+    with pytest.raises(PlacementError, match="cores must be a list of distinct integer core ids"):
+        Device("x", _model(), GIB, (True,))
+    with pytest.raises(PlacementError, match="cores must be distinct"):
+        Device("x", _model(), GIB, (0, 0))
+    ws, ds = [_workload("a", 1.0)], [_device("x")]
+    with pytest.raises(PlacementError, match="exact_max_binaries must be an integer >= 0, got True"):
+        place(ws, ds, "L0", exact_max_binaries=True)
+    for limit in (True, float("nan"), float("inf"), "20", 0):
+        with pytest.raises(PlacementError, match="time_limit_s must be a finite number of seconds > 0"):
+            place(ws, ds, "L0", time_limit_s=limit)
+
+
+_KW = dict(workloads=("a", "b", "c"), devices=("x", "y"))
+
+
+@pytest.mark.parametrize("cost, names, message", [
+    ([[np.nan, 1], [1, 1], [1, 1]], _KW, r"cost_s must hold finite seconds >= 0; 1 do not, .*\('a', 'x', nan\)"),
+    ([[np.inf, 1], [1, 1], [1, 1]], _KW, r"cost_s must hold finite seconds >= 0; 1 do not, .*\('a', 'x', inf\)"),
+    ([[1, 1], [1, -2], [1, 1]], _KW, r"cost_s must hold finite seconds >= 0; 1 do not, .*\('b', 'y', -2.0\)"),
+    (np.ones((3, 2)), dict(workloads=("a",), devices=("x", "y")),
+     r"cost_s must have shape \[1, 2\] \(one row per workload name \(1\), one column per device name \(2\)\), got \[3, 2\]"),
+    (np.ones(3), _KW, r"cost_s must have shape \[3, 2\]"),
+    ([["1", "1"]] * 3, _KW, r"cost_s must be an array of numbers"),
+    (np.ones((3, 2)), dict(workloads=("a", "a", "c"), devices=("x", "y")), r"workloads must be unique, repeated: \['a'\]"),
+    (np.ones((3, 2)), dict(workloads="abc", devices=("x", "y")), r"workloads must be a list of names"),
+])
+def test_solve_checks_the_cost_matrix_before_solving(cost, names, message):
+    for solver in ("milp", "lpt"):
+        with pytest.raises(PlacementError, match=message):
+            solve(cost, np.zeros(len(names["workloads"])), np.ones(2), solver=solver, **names)
+
+
+def test_solve_checks_memory_and_capacities():
+    cost = np.ones((3, 2))
+    with pytest.raises(PlacementError, match=r"memory_bytes must have shape \[3\]"):
+        solve(cost, np.zeros(2), np.ones(2), **_KW)
+    with pytest.raises(PlacementError, match=r"memory_bytes must be finite bytes >= 0; .*\('b', nan\)"):
+        solve(cost, np.array([0, np.nan, 0]), np.ones(2), **_KW)
+    with pytest.raises(PlacementError, match=r"capacity_bytes must be finite bytes > 0; .*\('y', 0.0\)"):
+        solve(cost, np.zeros(3), np.array([1.0, 0.0]), **_KW)
+
+
+class _FakeMilp:
+    """scipy.optimize.milp as HiGHS answers at its time limit: ``x`` is its incumbent
+    (None: none found), status 1."""
+
+    def __init__(self, x, gap=0.5, bound=0.0):
+        self.x, self.gap, self.bound = x, gap, bound
+
+    def __call__(self, c, **kwargs):
+        from scipy.optimize import OptimizeResult
+
+        assert kwargs["options"]["time_limit"] == 20.0  # the limit reaches HiGHS
+        return OptimizeResult(x=self.x, status=1, message="Time limit reached. (HiGHS Status 13)", fun=None,
+                              mip_gap=self.gap, mip_dual_bound=self.bound, success=False)
+
+
+GRAHAM = np.repeat(np.array([[3.0], [3.0], [2.0], [2.0], [2.0]]), 2, axis=1)  # optimum 6, LPT 7
+
+
+def _x(device_of, m=2):
+    x = np.zeros(len(device_of) * m + 1)
+    for i, d in enumerate(device_of):
+        x[i * m + d] = 1.0
+    return x
+
+
+def test_a_time_limited_solver_without_a_placement_falls_back_to_lpt(monkeypatch):
+    import scipy.optimize
+
+    monkeypatch.setattr(scipy.optimize, "milp", _FakeMilp(None, gap=np.nan))
+    p = solve(GRAHAM, np.zeros(5), np.ones(2), workloads=tuple("abcde"), devices=("x", "y"), solver="milp")
+    assert p.solver == "lpt" and p.makespan_s == pytest.approx(7.0) and not p.optimal
+    assert "found no placement within time_limit_s=20" in p.note and "LPT's placement instead" in p.note
+    assert p.lower_bound_s == pytest.approx(6.0)  # sum of fastest times / devices, no solver needed
+    assert p.gap_pct == pytest.approx(100 / 6)
+
+
+def test_a_time_limited_solver_returns_its_best_placement_and_gap(monkeypatch):
+    import scipy.optimize
+
+    monkeypatch.setattr(scipy.optimize, "milp", _FakeMilp(_x([0, 0, 1, 1, 1]), gap=0.02, bound=5.9 / GRAHAM.mean()))
+    p = solve(GRAHAM, np.zeros(5), np.ones(2), workloads=tuple("abcde"), devices=("x", "y"), solver="auto")
+    assert p.solver == "milp" and p.makespan_s == pytest.approx(6.0) and not p.optimal
+    assert p.note.startswith("time limit 20 s reached after") and "HiGHS gap 2.00%" in p.note
+    assert p.lower_bound_s == pytest.approx(6.0)  # the bound of HiGHS (5.9) is weaker than total / devices here
+    # an incumbent worse than LPT's placement: LPT's is returned, and said
+    monkeypatch.setattr(scipy.optimize, "milp", _FakeMilp(_x([0, 0, 0, 1, 1])))
+    p = solve(GRAHAM, np.zeros(5), np.ones(2), workloads=tuple("abcde"), devices=("x", "y"), solver="milp")
+    assert p.makespan_s == pytest.approx(7.0) and "LPT's placement, better than the solver's" in p.note
+
+
+def test_auto_solves_a_thousand_workloads_exactly_by_default():
+    from sim.placement import EXACT_MAX_BINARIES
+
+    assert EXACT_MAX_BINARIES >= 1000 * 4  # 1,000 workloads on 4 devices go to the time-limited solver
