@@ -14,7 +14,7 @@ import json
 import platform
 import re
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from functools import lru_cache
 
 import torch
@@ -27,6 +27,12 @@ DEVICE_KINDS = ("cpu", "cuda", "auto")
 
 class ProfileMismatchError(RuntimeError):
     """A profile or model from one device fingerprint was asked to serve another."""
+
+
+class InconsistentFingerprintError(ProfileMismatchError):
+    """A stored fingerprint whose ``id`` is not the one its own fields give: the file was
+    edited (or another code's fingerprint copied in), so which device its numbers belong
+    to is unknown."""
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -118,6 +124,41 @@ class Fingerprint:
 
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "id": self.id}
+
+    @classmethod
+    def from_stored(cls, data: object, *, source: str = "fingerprint") -> "Fingerprint":
+        """A fingerprint read back from ``to_dict``'s output, checked: every field present
+        with its type (strings; threads a positive integer; device_kind cpu or cuda), no
+        unknown field, and the stored ``id`` the one the fields give (else
+        ``InconsistentFingerprintError``: an edited file must not pass for another device).
+        ValueError for a malformed record."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: a fingerprint must be a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        stored_id = data.pop("id", None)
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(f"{source}: unknown fingerprint field(s) {unknown}; allowed: {names + ['id']}")
+        required = [f.name for f in fields(cls) if f.default is MISSING]
+        missing = [n for n in required if n not in data]
+        if missing:
+            raise ValueError(f"{source}: fingerprint field(s) missing: {missing}")
+        for name, value in data.items():
+            if name == "threads":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ValueError(f"{source}: threads must be a positive integer, got {value!r}")
+            elif not isinstance(value, str) or not value:
+                raise ValueError(f"{source}: {name} must be a non-empty string, got {value!r}")
+        if data["device_kind"] not in ("cpu", "cuda"):
+            raise ValueError(f"{source}: device_kind must be 'cpu' or 'cuda', got {data['device_kind']!r}")
+        fp = cls(**data)
+        if stored_id is not None and stored_id != fp.id:
+            raise InconsistentFingerprintError(
+                f"{source}: stored id {stored_id!r} is not the id its fields give ({fp.id!r}): the fields were edited "
+                f"or copied from another profile, so the numbers cannot be trusted to belong to {fp.describe()}; "
+                "restore the file or measure this device again")
+        return fp
 
     def describe(self) -> str:
         extra = f", CUDA {self.cuda_version}, driver {self.driver_version}" if self.device_kind == "cuda" else ""

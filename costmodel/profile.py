@@ -443,9 +443,10 @@ def _read_csv(file: Path, *, required: tuple[str, ...]) -> pd.DataFrame:
 
 
 def _read_fingerprint(file: Path) -> Fingerprint:
+    """The stored fingerprint, its fields checked and its id recomputed: a file whose id
+    its fields do not give is refused (``InconsistentFingerprintError``), a malformed one
+    is a ``ProfileError``."""
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        data.pop("id", None)
-        return Fingerprint(**data)
-    except (json.JSONDecodeError, TypeError) as err:
+        return Fingerprint.from_stored(json.loads(file.read_text(encoding="utf-8")), source=str(file))
+    except (ValueError, TypeError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ProfileError(f"{file} is corrupted: {err}") from None
