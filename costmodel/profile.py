@@ -245,22 +245,30 @@ class DeviceProfile:
         self._parsed = (ident, frame, rejected)
         return frame, rejected
 
-    def kernels(self) -> pd.DataFrame:
+    def kernels(self, *, ignore_refresh_policies: tuple[str, ...] = ()) -> pd.DataFrame:
         """One row per kernel: its rounds combined (the table cost models are fitted on).
 
         ``median_s`` is the median of the round medians (rounds were measured in separate
         passes over the suite, so slow drift of a shared machine is averaged out),
         ``round_cv`` the coefficient of variation of the round medians (run-to-run noise),
         ``iqr_s`` the median within-round IQR, ``noisy`` whether any round was flagged.
+        Refresh records whose ``policy`` is in ``ignore_refresh_policies`` scale nothing
+        (held-out scoring ignores the ``paired`` ones: their drift was read off an
+        experiment's own kernels, ``sim.heldout``).
         """
-        return self._kernels_and_specs()[0]
+        return self._kernels_and_specs(ignore_refresh_policies)[0]
 
-    def _kernels_and_specs(self) -> tuple[pd.DataFrame, list[KernelSpec]]:
+    def _kernels_and_specs(self, ignore_refresh_policies: tuple[str, ...] = ()
+                           ) -> tuple[pd.DataFrame, list[KernelSpec]]:
         raw = self.measurements()
         if raw.empty:
             return raw, []
         # rows of a family refreshed since they were measured follow the machine (freshness.py)
-        scale = refresh_scale(raw, self.provenance())
+        provenance = self.provenance()
+        if ignore_refresh_policies:
+            provenance = [e for e in provenance
+                          if (e.get("refresh") or {}).get("policy") not in ignore_refresh_policies]
+        scale = refresh_scale(raw, provenance)
         if (scale != 1.0).any():
             raw = raw.assign(median_s=raw["median_s"] * scale, refresh_scale=scale)
             if "iqr_s" in raw:

@@ -21,7 +21,7 @@ import torch
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
 from experiments.common import add_errors, measure_interleaved
-from experiments.workloads import Pairing
+from experiments.workloads import Pairing, scored_tables
 from sim.api import predict_captured
 from sim.capture import CapturedTrace
 from sim.simulator import measured_coverage, profile_aten_ops
@@ -44,14 +44,15 @@ def missing_extra_error(package: str, extra: str, experiment: str) -> ImportErro
 
 def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *, device: torch.device,
                       timing: TimingConfig, description: str, progress: bool = True,
-                      coverage_iterations: int = 3, pairing: Pairing | None = None) -> pd.DataFrame:
+                      coverage_iterations: int = 3, pairing: Pairing | None = None, heldout: Any = None) -> pd.DataFrame:
     """One row per workload: predictions per level, coverage (predicted and measured),
     measured latency and APE per level, capture cost over one measured call.
 
     With ``pairing`` (``calibration.paired``) the traces' distinct mapped kernels are timed
     in the same rounds as the calls and the models refitted before predicting, as in
-    ``experiments.workloads.evaluate_workloads``; ``df.attrs["paired"]`` says what the
-    profile as loaded would have scored."""
+    ``experiments.workloads.evaluate_workloads``. With ``heldout`` (``sim.heldout``) the
+    headline predictions are held out, the lookup and the replay beside them
+    (``experiments.workloads.scored_tables``)."""
     from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415
 
     traces = [w.captured.kernels() for w in workloads]
@@ -65,11 +66,14 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
                                 watch=range(n), companions=layer_kernel_jobs(traces, n) if jobs else None)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
-    df = add_errors(pd.concat([_predicted_rows(model, workloads), measured], axis=1))
+    lookup = add_errors(pd.concat([_predicted_rows(model, workloads), measured], axis=1))
+    replay = (None if pairing is None else
+              pairing.finish(model, jobs, timed[n:], lambda m: _predicted_rows(m, workloads), measured, wall_s))
+    held = (None if heldout is None else
+            add_errors(pd.concat([_predicted_rows(heldout.model, workloads), measured], axis=1)))
+    df = scored_tables(lookup, replay, held, heldout)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
-    if pairing is not None:
-        df = pairing.finish(df, model, jobs, timed[n:], lambda m: _predicted_rows(m, workloads), measured, wall_s)
     coverage = []
     for w in workloads:
         share, _ = measured_coverage(profile_aten_ops(w.run, device=device, iterations=coverage_iterations),

@@ -21,14 +21,19 @@ ratio of reference kernels timed then vs profiled, which families were re-measur
 same rounds as its layers, against the profile; ``details.drift_scaled_ape_pct`` the
 errors each level would have had with its predictions multiplied by that factor (what
 is left when the machine's change since calibration is taken out; the headline errors
-are never adjusted). ``details.paired`` (``calibration.paired``, ``sim.paired``): the
-layers' own kernels were timed in the same rounds as the layers and the models refitted
-before predicting; it says how many, how fast against the profile, and what the profile
-as loaded would have scored (``profile_as_loaded``). Paired runs time no drift references.
-``details.l3_over_measured`` (rows with a ``backend``): per backend, the median and the
-10th/90th percentiles of L3 predicted / measured. APE hides the sign; this shows it: with
-the kernels timed beside the layers, a median below 1 is what a layer costs beyond the
-kernels it is predicted from (composition, README Known limits), the spread is noise.
+are never adjusted).
+
+Three scorings (``sim.heldout``; docs/method.md): the top-level errors are the
+``details.scoring`` one, **held-out** in every measuring experiment (models refitted
+without any kernel of the run's traces, no lookup, ceilings as before the run;
+``details.heldout`` says on how many kernels and how long the fit took). Beside it, each
+with median, p90, max and L3/measured per backend: ``details.profile_lookup`` (the profile
+as loaded, profiled kernels predicted by their measurement) and ``details.replay``
+(``calibration.paired``: the layers' own kernels timed in the same rounds as the layers,
+written into the profile and looked up: the composition check). ``details.paired`` says
+how many kernels were timed and how fast against the profile. Paired runs time no drift
+references. ``details.l3_over_measured`` (rows with a ``backend``): per backend, the median
+and the 10th/90th percentiles of held-out L3 predicted / measured: APE hides the sign.
 
 With ``measure=false`` (predict only) the schema is the same: ``n_points`` counts the
 predicted rows, every error, ``spearman`` and ``noise_cv_pct`` are null, and
@@ -346,6 +351,12 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         out["details"]["freshness"] = df.attrs["freshness"]
     if df.attrs.get("paired") and "paired" not in out["details"]:  # kernels timed beside the layers
         out["details"]["paired"] = df.attrs["paired"]
+    if "scoring" in df.attrs:  # evaluate_workloads / evaluate_captured: which scoring is the headline
+        out["details"]["scoring"] = df.attrs["scoring"]
+        out["details"]["heldout"] = df.attrs.get("heldout", {"scored": False})
+        for name in ("profile_lookup", "replay"):
+            if name in df.attrs:
+                out["details"][name] = df.attrs[name]
     if "backend" in df and "pred_L3_s" in df:
         out["details"]["l3_over_measured"] = l3_over_measured(df)
     drift = out["details"].get("profile_drift") or {}
@@ -430,9 +441,19 @@ def format_cell(v: Any, spec: str) -> str:
 DRIFT_WARN_RATIO = 1.5
 
 
+def scoring_title(details: Mapping[str, Any]) -> str:
+    """What the headline errors are, in words (``details.scoring``)."""
+    return {"held-out": "held out: models refitted without this run's kernels, no lookup",
+            "replay": "replay: this run's kernels timed beside the layers (not a prediction)",
+            "lookup": "lookup: the profile as loaded, profiled kernels by their measurement"}.get(
+        str(details.get("scoring")), "")
+
+
 def print_summary(summ: Mapping[str, Any]) -> None:
+    scoring = scoring_title(summ["details"])
     table = Table(title=f"{summ['experiment']} on {summ['device']}: {summ['n_points']} points, "
-                        f"run-to-run noise {summ['noise_cv_pct'] or 0:.1f}% CV")
+                        f"run-to-run noise {summ['noise_cv_pct'] or 0:.1f}% CV"
+                        + (f"\nheadline errors {scoring}" if scoring else ""))
     for col in ("level", "median APE %", "p90 APE %", "max APE %", "Spearman"):
         table.add_column(col, justify="right")
     def fmt(v: float | None, spec: str) -> str:
@@ -465,16 +486,28 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     if signed:
         console.print("L3 predicted / measured per backend, median (10th-90th percentile): "
                       + ", ".join(f"{b} {v['median']:.2f}x ({v['p10']:.2f}-{v['p90']:.2f})" for b, v in signed.items())
-                      + "; below 1 the layers cost more than the kernels they are predicted from")
+                      + "; below 1 the model under-predicts")
+    held = summ["details"].get("heldout") or {}
+    if held.get("scored"):
+        console.print(f"held-out fit: {held['fitted_rows']} profiled kernels, {held['excluded_profile_rows']} left out "
+                      f"(this run's {held['excluded_kernels']} distinct kernels), {held['fit_s']:.1f} s")
+    elif "scoring" in summ["details"]:
+        console.print("[yellow]not held out: these errors include kernels the profile measured (lookup or replay); "
+                      "they check composition, not prediction[/]")
+    for name, words in (("profile_lookup", "profile lookup (the profile as loaded, its kernels by measurement)"),
+                        ("replay", "replay (this run's kernels timed beside the layers: composition check)")):
+        side = summ["details"].get(name)
+        if side:
+            signed = side.get("l3_over_measured") or {}
+            console.print(f"{words}: L3 median {side['median_ape_pct']['L3']:.1f}%, p90 {side['p90_ape_pct']['L3']:.1f}%, "
+                          f"max {side['max_ape_pct']['L3']:.1f}%"
+                          + ("; L3/measured " + ", ".join(f"{b} {v['median']:.2f}x" for b, v in signed.items())
+                             if signed else ""))
     paired = summ["details"].get("paired") or {}
-    if paired:
-        loaded = paired["profile_as_loaded"]
-        drift = ("" if paired.get("now_over_profile_median") is None else
-                 f"; they ran at {paired['now_over_profile_median']:.2f}x their profiled time")
-        console.print(f"paired calibration: the layers' {paired['kernels']} kernels were timed in the same rounds as the "
-                      f"layers and the models refitted{drift}. The profile as loaded would have given L3 median "
-                      f"{loaded['median_ape_pct']['L3']:.1f}%, max {loaded['max_ape_pct']['L3']:.1f}% "
-                      "(details.paired.profile_as_loaded; calibration.paired=false predicts from it)")
+    if paired and paired.get("now_over_profile_median") is not None:
+        console.print(f"paired calibration: the layers' {paired['kernels']} kernels ran at "
+                      f"{paired['now_over_profile_median']:.2f}x their profiled time, timed in the same rounds as "
+                      "the layers")
     drift = summ["details"].get("profile_drift") or {}
     if drift:
         console.print(f"profile drift: kernels now take {drift['now_over_profile_median']:.2f}x their profiled time "

@@ -26,7 +26,8 @@ from costmodel import ops  # noqa: E402
 from costmodel.kernels import GatherSpec, ScatterSpec  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
-from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
+from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, drift_references, small_op_suite  # noqa: E402
 from sim.graphs import degree_stats, rmat  # noqa: E402
 from sim.gnn_layer import GNNConfig  # noqa: E402
@@ -183,8 +184,9 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     out = output_dir(cfg, out_dir)
     workloads, suite = build_workloads(cfg, rt)
     model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+                             heldout=distinct_kernels([w.trace for w in workloads]), **calibration_options(cfg))
+    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="flops_spectrum")
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, heldout=heldout,
                             references=drift_references(rt, suite), description="measure workloads",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
     classes = class_table(df)

@@ -24,7 +24,8 @@ from costmodel.runners import make_runner  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from costmodel.suite import equal_flops_trio, trio_flops  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
-from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
+from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
 
@@ -58,14 +59,15 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     suite = gemm_suite([s for _, _, s in shapes])
     model = calibrated_model(rt, suite, suite_name="gemm_same_flops",
                              progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
+                             heldout=distinct_kernels([[s] for _, _, s in shapes]), **calibration_options(cfg))
     ceilings = model.ceilings
     workloads = [
         Workload(f"{name} {s.m}x{s.k}x{s.n}", [s], make_runner(s, rt.device, seed=rt.seed),
                  {"shape": name, "flops_level": f, "m": s.m, "k": s.k, "n": s.n})
         for name, f, s in shapes
     ]
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="gemm_same_flops")
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, heldout=heldout,
                             references=drift_references(rt, suite), description="measure gemms",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=ceilings["peak_flops_per_s"])
     df["ai_over_ridge"] = df["intensity_flops_per_byte"] / ceilings["ridge_flops_per_byte"]

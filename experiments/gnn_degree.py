@@ -29,7 +29,10 @@ from experiments.common import (  # noqa: E402
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
     print_summary, print_table, skew_axis_label, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown  # noqa: E402
+from experiments.workloads import (  # noqa: E402
+    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+)
+from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
@@ -117,13 +120,6 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     cvs = [s["degree_cv"] for s in stats] + [s["out_degree_cv"] for s in stats]
     suite = gnn_suite(configs, num_edges=int(graphs[0][1].shape[1]), cv_range=(min(cvs), max(cvs)),
                       src_read_shares=_src_read_shares(configs, graphs))
-    if measuring:
-        model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
-                                 **calibration_options(cfg))
-        x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
-            rt.device, getattr(torch, base.dtype))
-    else:
-        model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     workloads = []
     generator_name = cfg["graph"]["generator"]["_target_"].rsplit(".", 1)[-1]
     for i, ((value, edge_index), st) in enumerate(zip(graphs, stats)):
@@ -137,6 +133,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
             workloads.append(Workload(c.backend, gnn_trace(c, plan), run_layer, {
                 "point": i, "generator": generator_name, "param": cfg["graph"]["sweep"]["param"], "value": value,
                 "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
+    if measuring:  # the layers' traces are known first: calibration keeps them out of the held-out evidence
+        model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
+                                 heldout=distinct_kernels(w.trace for w in workloads), **calibration_options(cfg))
+        x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
+            rt.device, getattr(torch, base.dtype))
+    else:
+        model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     details = {
         "layer": {k: cfg["gnn"][k] for k in ("num_nodes", "num_edges", "in_features", "out_features", "kind",
                                               "aggregation", "edge_order")},
@@ -146,11 +149,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
+    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="gnn_degree")
     pairing = pairing_for(cfg, rt, "gnn")
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing,
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing, heldout=heldout,
                             references=drift_references(rt, suite), description="measure gnn layers (and their kernels)",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    model = pairing.model if pairing is not None else model
+    model = heldout.model  # the per-kernel breakdown is held out too, as the headline
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
     kp = int(meas["point"]) % len(graphs)

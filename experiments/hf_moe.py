@@ -27,7 +27,8 @@ import torch  # noqa: E402
 
 from costmodel import ops  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
-from experiments.workloads import pairing_for  # noqa: E402
+from experiments.workloads import heldout_for, pairing_for  # noqa: E402
+from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
 )
@@ -202,12 +203,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="hf_moe",
                              progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
+                             heldout=distinct_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
+    heldout = heldout_for(rt, model, [w.captured.kernels() for w in workloads], what="hf_moe")
     pairing = pairing_for(cfg, rt, "hf_moe")
     df = evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description="measure hf moe",
                            progress=bool(cfg.get("progress", True)),
-                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing)
-    model = pairing.model if pairing is not None else model
+                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing, heldout=heldout)
     blocks = df[df["kind"] == "block"]
     summ = summary("hf_moe", rt.fingerprint.describe(), df, details={
         **coverage_details(df),

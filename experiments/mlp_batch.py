@@ -19,7 +19,8 @@ import torch  # noqa: E402
 
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
-from experiments.workloads import Workload, evaluate_workloads  # noqa: E402
+from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
+from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
 from sim.memory import check_fits_device, mlp_need  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
@@ -56,14 +57,15 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     gemms = [s for t in traces for s in t if s.family == "gemm"]
     suite = gemm_suite(gemms) + small_op_suite([s for t in traces for s in t])
     model = calibrated_model(rt, suite, suite_name="mlp_batch", progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
+                             heldout=distinct_kernels(traces), **calibration_options(cfg))
     module = MLP(configs[-1], device=rt.device, seed=rt.seed)  # weights shared by every batch size
     gen = torch.Generator().manual_seed(rt.seed)
     workloads = []
     for c, trace in zip(configs, traces):
         x = torch.randn(c.batch, c.d_model, generator=gen).to(rt.device, getattr(torch, c.dtype))
         workloads.append(Workload(f"B={c.batch}", trace, lambda x=x: module(x), {"batch": c.batch}))
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing,
+    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="mlp_batch")
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, heldout=heldout,
                             references=drift_references(rt, suite), description="measure mlp",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
     first = df.iloc[0]

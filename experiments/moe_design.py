@@ -59,12 +59,14 @@ import torch  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
 from costmodel.bench import make_progress  # noqa: E402
-from costmodel.predictor import CostModel  # noqa: E402
+from costmodel.predictor import LEVELS, CostModel  # noqa: E402
 from costmodel.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep, measure_interleaved, output_dir, predict_only_summary, print_summary,
     print_table, summary, write_outputs,
 )
+from experiments.workloads import heldout_for, scored_tables  # noqa: E402
+from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, grid_sample_suite, moe_suite  # noqa: E402
 from sim.moe_layer import MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
@@ -489,11 +491,22 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         raise ValueError("no design point is small enough to time (sample.max_weight_bytes, sample.max_predicted_s); "
                          "raise them or set measure=false")
     sample_rows = df[df["point"].isin(chosen)]
+    # held out, as every measuring experiment: refitted once without any kernel of the sample
+    sample_traces = [batch.trace(int(i)) for i in sample_rows.index]
+    # neighbours of the sample's kernels where the profile holds too few others (nothing else)
+    calibrated_model(rt, [], suite_name="moe_design", progress=progress, refresh="never",
+                     heldout=distinct_kernels(sample_traces))
+    heldout = heldout_for(rt, model, sample_traces, what="moe_design's measured sample")
     n_passes = int(cfg["sample"].get("passes", 1))
     timed = combine_passes([measure_sample(sample_rows, routings, rt, progress,
                                            f" (pass {i + 1}/{n_passes})" if n_passes > 1 else "")
                             for i in range(n_passes)])
-    sample = add_errors(pd.concat([sample_rows, timed], axis=1))
+    lookup = add_errors(pd.concat([sample_rows, timed], axis=1))
+    held_rows = sample_rows.copy()
+    held_pred = predict_traces(heldout.model, sample_traces)
+    for lv in LEVELS:
+        held_rows[f"pred_{lv}_s"] = held_pred[f"pred_{lv}_s"].to_numpy()
+    sample = scored_tables(lookup, None, add_errors(pd.concat([held_rows, timed], axis=1)), heldout)
     sample.attrs["rounds"] = rt.timing.rounds
     per_point, scores = decision_scores(sample, spec["backends"], float(cfg["sample"]["noise_pct"]))
     per_point = per_point.join(keys, on="point").merge(points[["point", "margin_L3_pct"]], on="point")

@@ -30,7 +30,10 @@ from experiments.common import (  # noqa: E402
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
     print_summary, print_table, summary, write_outputs,
 )
-from experiments.workloads import Workload, evaluate_workloads, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown  # noqa: E402
+from experiments.workloads import (  # noqa: E402
+    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+)
+from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
@@ -90,27 +93,31 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
 
+    base = configs[0]
+    points = []  # (index, value, generator, routing, plan): the routings first, so calibration knows the traces
+    for i, (value, gen) in enumerate(generators):
+        routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
+                        seed=rt.seed + i, capacity_factor=capacity)
+        points.append((i, value, gen, routing, DispatchPlan.from_routing(routing)))
+    traces = {(i, c.backend): moe_trace(c, plan) for i, _, _, _, plan in points for c in configs}
+
     suite = moe_suite(configs)
     if measuring:
         model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)),
-                                 **calibration_options(cfg))
+                                 heldout=distinct_kernels(traces.values()), **calibration_options(cfg))
     else:
         model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
-    base = configs[0]
     if measuring:
         x = torch.randn(base.tokens, base.d_model, generator=torch.Generator().manual_seed(rt.seed)).to(
             rt.device, getattr(torch, base.dtype))
         layers = {c.backend: MoELayer(c, device=rt.device, seed=rt.seed) for c in configs}
     workloads = []
-    for i, (value, gen) in enumerate(generators):
-        routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
-                        seed=rt.seed + i, capacity_factor=capacity)
-        plan = DispatchPlan.from_routing(routing)
+    for i, value, gen, routing, plan in points:
         columns = {"point": i, "generator": type(gen).__name__, "param": cfg["routing"]["sweep"]["param"],
                    "value": value, **routing.metrics()}
         for c in configs:
             run_layer = (lambda layer=layers[c.backend], r=routing: layer(x, r)) if measuring else None
-            workloads.append(Workload(c.backend, moe_trace(c, plan), run_layer,
+            workloads.append(Workload(c.backend, traces[i, c.backend], run_layer,
                                       {**columns, "backend": c.backend, "model_flops": c.useful_flops(plan.assignments)}))
     details = {
         "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
@@ -120,11 +127,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
+    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="moe_skew")
     pairing = pairing_for(cfg, rt, "moe")
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing,
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing, heldout=heldout,
                             references=drift_references(rt, suite), description="measure moe layers (and their kernels)",
                             progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    model = pairing.model if pairing is not None else model
+    model = heldout.model  # the per-kernel breakdown is held out too, as the headline
 
     # --- per-kernel errors at one skewed point, every backend
     kp = int(meas["point"]) % len(generators)

@@ -21,7 +21,8 @@ matplotlib.use("Agg")
 import torch  # noqa: E402
 
 from costmodel.runtime import Runtime  # noqa: E402
-from experiments.workloads import pairing_for  # noqa: E402
+from experiments.workloads import heldout_for, pairing_for  # noqa: E402
+from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
 )
@@ -138,12 +139,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
 
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="pyg_conv",
                              progress=bool(cfg.get("progress", True)),
-                             **calibration_options(cfg))
+                             heldout=distinct_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
+    heldout = heldout_for(rt, model, [w.captured.kernels() for w in workloads], what="pyg_conv")
     pairing = pairing_for(cfg, rt, "pyg_conv")
     df = evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description="measure pyg convs",
                            progress=bool(cfg.get("progress", True)),
-                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing)
-    model = pairing.model if pairing is not None else model
+                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing, heldout=heldout)
     summ = summary("pyg_conv", rt.fingerprint.describe(), df, details={
         **coverage_details(df),
         "graph": {k: p[k] for k in ("num_nodes", "num_edges", "in_features", "hidden_features", "out_features")},

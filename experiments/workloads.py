@@ -20,7 +20,7 @@ import torch
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, console, measure_interleaved, paired_enabled, print_table
+from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
 from sim.calibration import DriftReference, drift_summary
 from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 
@@ -63,14 +63,15 @@ class Pairing:
     model: CostModel | None = None
     result: Any = None  # sim.paired.PairedResult
 
-    def finish(self, df: pd.DataFrame, model: CostModel, jobs: Sequence[Any], kernels_timed: Sequence[dict[str, Any]],
+    def finish(self, model: CostModel, jobs: Sequence[Any], kernels_timed: Sequence[dict[str, Any]],
                repredict: Callable[[CostModel], pd.DataFrame], measured: pd.DataFrame, wall_s: float,
                chain_timed: Sequence[dict[str, Any]] = ()) -> pd.DataFrame:
         """After the interleaved rounds: write the kernels' timings (and, with ``chain_timed``,
         the cold and the warm chain's, ``cold_chain_jobs``) into the profile, refit, and
-        return the table predicted again by the refitted model (``repredict``) beside
-        ``measured``, with ``attrs["paired"]`` saying what happened and what ``df`` (the
-        profile as loaded) had scored."""
+        return the replay table: the workloads predicted again by the refitted model
+        (``repredict``) beside ``measured``, with ``attrs["paired"]`` saying what was written.
+        The refitted model looks the timed kernels up: replay is the composition check
+        (what a layer pays beyond the kernels it is made of), not a prediction."""
         from sim.paired import record_cold_chain, record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
 
         self.result = record_paired(self.profile, jobs, [t["rounds"] for t in kernels_timed], suite=self.suite)
@@ -78,14 +79,14 @@ class Pairing:
                                        at=self.result.at) if chain_timed else None)
         self.model = refit(self.profile, cv_folds=self.cv_folds, freshness=model.freshness)
         out = add_errors(pd.concat([repredict(self.model), measured], axis=1))
-        out.attrs.update(df.attrs)
-        out.attrs["paired"] = {**self.result.to_dict(), "measure_wall_s": wall_s, "profile_as_loaded": ape_summary(df)}
+        out.attrs["paired"] = {**self.result.to_dict(), "measure_wall_s": wall_s}
         console.print(self.result.describe(self.suite))
         if cold_call is not None:
             out.attrs["paired"]["cold_call_overhead_s"] = cold_call
             before = "none" if cold_call["profiled"] is None else f"{1e6 * cold_call['profiled']:.1f} us"
             console.print(f"cold-call overhead per kernel, timed in the same rounds: {1e6 * cold_call['now']:.1f} us "
-                          f"(profiled: {before}); stored in the profile's ceilings")
+                          f"(profiled: {before}); stored in the profile's ceilings (replay uses it; held-out "
+                          "scoring keeps the value from before the run)")
         return out
 
 
@@ -102,6 +103,16 @@ def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig
     return [(chain, True), (chain, False)]
 
 
+def heldout_for(rt: Any, model: CostModel, traces: Sequence[Sequence[KernelSpec]], *, what: str) -> Any:
+    """The run's held-out models (``sim.heldout.fit_heldout``: refitted once, before the
+    measuring rounds, on the profile without any kernel of ``traces``), announced."""
+    from sim.heldout import fit_heldout  # noqa: PLC0415
+
+    heldout = fit_heldout(rt.open_profile(), model, traces, what=what)
+    console.print(heldout.describe())
+    return heldout
+
+
 def pairing_for(cfg: Any, rt: Any, suite: str) -> Pairing | None:
     """The ``Pairing`` of a measuring experiment when ``calibration.paired`` (the default)."""
     return Pairing(rt.open_profile(), suite) if paired_enabled(cfg) else None
@@ -110,7 +121,7 @@ def pairing_for(cfg: Any, rt: Any, suite: str) -> Pairing | None:
 def evaluate_workloads(
     model: CostModel, workloads: Sequence[Workload], *, device: torch.device, timing: TimingConfig,
     description: str, progress: bool = True, peak_flops_per_s: float | None = None,
-    references: Sequence[DriftReference] = (), pairing: Pairing | None = None,
+    references: Sequence[DriftReference] = (), pairing: Pairing | None = None, heldout: Any = None,
 ) -> pd.DataFrame:
     """Predicted (every level) and measured latency of every workload, with errors.
 
@@ -125,6 +136,12 @@ def evaluate_workloads(
     ``df.attrs["paired"]``. On a CPU with cold layers the ceilings' cold-call chain is timed
     in those rounds too, cold and warm (``cold_chain_jobs``), and the overhead it gives
     replaces the profile's before the refit (``attrs["paired"]["cold_call_overhead_s"]``).
+
+    With ``heldout`` (``sim.heldout.HeldOut``, fitted before the run without any kernel of
+    these traces) the returned table's predictions and errors are held out: the headline.
+    The profile as loaded (lookup) and the paired refit (replay) are kept beside it, as
+    ``pred_lookup_L3_s`` / ``pred_replay_L3_s`` columns and their error summaries in
+    ``attrs["profile_lookup"]`` / ``attrs["replay"]`` (``scored_tables``).
     """
     from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415 (sim.paired imports the bench)
 
@@ -148,13 +165,17 @@ def evaluate_workloads(
                                 watch=range(n), companions=companions)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
-    df = add_errors(pd.concat([predicted, measured], axis=1))
+    lookup = add_errors(pd.concat([predicted, measured], axis=1))
+    replay = None
+    if pairing is not None:
+        replay = pairing.finish(model, jobs, timed[first_kernel:], lambda m: predict_workloads(m, workloads), measured,
+                                wall_s, chain_timed=timed[n + len(refs):first_kernel])
+    held = (None if heldout is None else
+            add_errors(pd.concat([predict_workloads(heldout.model, workloads), measured], axis=1)))
+    df = scored_tables(lookup, replay, held, heldout)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
-    if pairing is not None:
-        df = pairing.finish(df, model, jobs, timed[first_kernel:], lambda m: predict_workloads(m, workloads), measured,
-                            wall_s, chain_timed=timed[n + len(refs):first_kernel])
     df["achieved_gflops"] = df["flops"] / df["measured_s"] / 1e9
     df["intensity_flops_per_byte"] = df["flops"] / df["bytes_moved"]
     if peak_flops_per_s:
@@ -162,10 +183,45 @@ def evaluate_workloads(
     return df
 
 
-def ape_summary(df: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Median and max APE per level of an evaluated table."""
-    return {stat: {lv: float(fn(df[f"ape_{lv}_pct"])) for lv in LEVELS}
-            for stat, fn in (("median_ape_pct", np.median), ("max_ape_pct", np.max))}
+def ape_summary(df: pd.DataFrame) -> dict[str, Any]:
+    """Median, p90 and max APE per level of an evaluated table, and (rows with a backend)
+    L3 predicted / measured per backend."""
+    out: dict[str, Any] = {stat: {lv: float(fn(df[f"ape_{lv}_pct"])) for lv in LEVELS}
+                           for stat, fn in (("median_ape_pct", np.median),
+                                            ("p90_ape_pct", lambda a: np.percentile(a, 90)),
+                                            ("max_ape_pct", np.max))}
+    if "backend" in df:
+        out["l3_over_measured"] = l3_over_measured(df)
+    return out
+
+
+#: the scorings kept beside the headline: (name in summary.json details, column prefix)
+SIDE_SCORES = (("profile_lookup", "lookup"), ("replay", "replay"))
+
+
+def scored_tables(lookup: pd.DataFrame, replay: pd.DataFrame | None, heldout_table: pd.DataFrame | None,
+                  heldout: Any = None) -> pd.DataFrame:
+    """The headline table with the other scorings beside it.
+
+    The headline is held out where a held-out fit was made, else the replay (paired runs),
+    else the lookup, and ``attrs["scoring"]`` says which. Each of lookup and replay adds
+    ``pred_<prefix>_L3_s`` and ``ape_<prefix>_L3_pct`` columns and its error summary
+    (``ape_summary``) under ``attrs[<name>]``; ``attrs["heldout"]`` describes the held-out
+    fit (``{"scored": false}`` without one)."""
+    headline = heldout_table if heldout_table is not None else replay if replay is not None else lookup
+    df = headline.copy()
+    df.attrs = {}
+    df.attrs["scoring"] = "held-out" if heldout_table is not None else "replay" if replay is not None else "lookup"
+    for (name, prefix), table in zip(SIDE_SCORES, (lookup, replay)):
+        if table is None:
+            continue
+        df[f"pred_{prefix}_L3_s"] = table["pred_L3_s"].to_numpy()
+        df[f"ape_{prefix}_L3_pct"] = table["ape_L3_pct"].to_numpy()
+        df.attrs[name] = ape_summary(table)
+    if replay is not None:
+        df.attrs["paired"] = dict(replay.attrs.get("paired", {}))
+    df.attrs["heldout"] = heldout.to_dict() if heldout is not None else {"scored": False}
+    return df
 
 
 def per_kernel_table(model: CostModel, workloads: Sequence[Workload], *, device: torch.device,

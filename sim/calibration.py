@@ -54,6 +54,7 @@ from costmodel.runtime import Runtime
 from costmodel.suite import capped_power_law_counts, power_law_counts
 from costmodel.indices import column_pattern, index_for_share, min_cv_for_share, realised_cv
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
+from sim.heldout import family_shortfall, heldout_table, neighbour_suite
 from sim.moe_layer import MoEConfig, _activation_specs, _expert_projections
 
 console = make_console()
@@ -63,7 +64,7 @@ TaggedSpecs = list[tuple[str, KernelSpec]]
 
 def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progress: bool = True,
                      cv_folds: int = 4, refresh: str | bool = "auto",
-                     tolerance: float = DEFAULT_TOLERANCE) -> CostModel:
+                     tolerance: float = DEFAULT_TOLERANCE, heldout: Sequence[KernelSpec] = ()) -> CostModel:
     """Measure what ``suite`` adds to this device's profile, check that the profile still
     describes this machine, then load or refit the models.
 
@@ -72,11 +73,27 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     the families that drifted beyond ``tolerance``; ``always`` re-measures every family's;
     ``never`` skips the check. A refresh is recorded in the profile's provenance; the
     returned model's ``freshness`` says what happened (experiments put it in summary.json).
+
+    ``heldout`` (the distinct kernels of the experiment's traces, scored held out by
+    ``sim.heldout``): never a reference of the freshness check nor a source of a refresh's
+    drift ratio, and where a family of them has fewer than ``MIN_HELDOUT_ROWS`` other
+    kernels in the profile, their neighbours (``neighbour_specs``) are measured too.
     """
     policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
     profile = rt.open_profile()
     # a layer's own kernels are measured whatever their size: only memory limits apply
     limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
+
+    heldout_keys = {s.key() for s in heldout}
+    if heldout:  # neighbours of the scored kernels for families the profile holds too few others of
+        table, _ = heldout_table(profile, heldout_keys)
+        short = family_shortfall(table, {s.family for s in heldout})
+        if short:
+            extra = neighbour_suite(heldout, short, heldout_keys | {s.key() for _, s in suite})
+            console.print(f"held-out scoring: {', '.join(f'{f} ({n} kernels)' for f, n in short.items())} "
+                          f"{'has' if len(short) == 1 else 'have'} too few kernels besides this run's own: "
+                          f"adding {len(extra)} neighbouring kernels to the calibration")
+            suite = list(suite) + extra
 
     def missing_kernels() -> int:
         done = profile.measured_rounds()
@@ -94,7 +111,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
             before = profile.kernels()
             present = {s.key() for _, s in suite} & set(before["key"]) if len(before) else set()
             report = check_freshness(before, device=rt.device, timing=rt.timing, policy=policy, tolerance=tolerance,
-                                     keys=present, last_host=last_writer_host(profile.provenance()))
+                                     keys=present - heldout_keys, last_host=last_writer_host(profile.provenance()))
             if policy == "always":  # every family of the suite, checked or not
                 report.stale_families = sorted({s.family for _, s in suite if s.key() in present})
             console.print(report.describe())
@@ -120,8 +137,9 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                 result = measure_specs(stale, profile, device=rt.device, timing=rt.timing, limits=limits,
                                        suite=suite_name, show_progress=progress, remeasure=True)
                 report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
-                scale, by_regime = regime_scales(
-                    remeasured_ratios(before, profile.measurements(), {s.key() for _, s in stale}, since=at))
+                # the drift ratio never rests on the kernels scored held out
+                scale, by_regime = regime_scales(remeasured_ratios(
+                    before, profile.measurements(), {s.key() for _, s in stale} - heldout_keys, since=at))
                 entry = refresh_entry(report, report.stale_families, reason=why, at=at,
                                       family_scale={f: scale.get(f, 1.0) for f in report.stale_families},
                                       regime_scale=by_regime)

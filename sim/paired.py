@@ -19,12 +19,17 @@ refitted, and the layers are predicted from them. The ceilings' cold-call chain
 (``costmodel.ceilings``: what each kernel of a layer timed from evicted caches pays beyond
 its profiled time) is timed in the same rounds, cold and warm, and stored the same way
 (``record_cold_chain``): on the development VM it measured 14 us per op when the profile
-was made and 16-34 us a day later, and a loop MoE layer has 25-90 kernels. The
-predictions are the cost model's, not
-the kernel timings summed: L0-L2 use the ceilings, L3 the refitted regression. What the
-profile as loaded predicted is kept beside (``details.paired.profile_as_loaded``), so the
-drift's share of the error stays visible. The method is the A/B interleaving of
-benchmarking practice (e.g. Georges et al., "Statistically rigorous Java performance
+was made and 16-34 us a day later, and a loop MoE layer has 25-90 kernels.
+
+What this gives is **replay**, not a prediction: the refitted model predicts every kernel
+it now holds by that kernel's measurement (``CostModel.predict_table``, the lookup), so the
+layers are scored on the sum of their own kernels timed minutes earlier plus the cold-call
+chain timed beside them. That is the composition check: how much a layer costs beyond the
+kernels it is made of (host dispatch, cold starts, Python between ops). It is reported as
+``details.replay``; the headline of every measuring experiment is the held-out score
+(``sim.heldout``: models fitted without any of these kernels, ceilings as before the run),
+and the profile as loaded is ``details.profile_lookup``. The method is the A/B interleaving
+of benchmarking practice (e.g. Georges et al., "Statistically rigorous Java performance
 evaluation", OOPSLA 2007: measure alternatives in the same run, randomised over time).
 """
 

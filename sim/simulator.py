@@ -81,6 +81,11 @@ class TraceBatch:
     lengths: np.ndarray
     specs: tuple[KernelSpec, ...] = ()  # the descriptor of each table row
 
+    def trace(self, i: int) -> list[KernelSpec]:
+        """The descriptors of trace ``i``, in order (needs ``specs``)."""
+        start = int(self.lengths[:i].sum())
+        return [self.specs[j] for j in self.flat[start:start + int(self.lengths[i])]]
+
     def keys(self) -> list[str] | None:
         """Each table row's descriptor key (L3 looks up measured kernels by it)."""
         return [s.key() for s in self.specs] if self.specs else None

@@ -84,8 +84,13 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
     if name in ("moe_skew", "gnn_degree"):  # calibration.paired (default): the layers' kernels timed beside them
         paired = written["details"]["paired"]
         assert paired["kernels"] > 0 and paired["rows"] == paired["kernels"]  # timing.rounds=1: one row each
-        assert set(paired["profile_as_loaded"]) == {"median_ape_pct", "max_ape_pct"}
         assert "profile_drift" not in written["details"]  # no separate references in a paired run
+        assert set(written["details"]["replay"]) >= {"median_ape_pct", "p90_ape_pct", "max_ape_pct"}
+    if name not in ("roofline", "placement"):  # every measuring experiment's headline is held out
+        details = written["details"]
+        assert details["scoring"] == "held-out" and details["heldout"]["scored"]
+        assert details["heldout"]["excluded_kernels"] > 0 and details["heldout"]["fitted_rows"] > 0
+        assert set(details["profile_lookup"]["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
     if name == "moe_design":  # the measured sample scores the decisions
         decisions = written["details"]["decisions"]
         assert set(decisions) >= {"sampled", "separable", "agree_pct", "mean_loss_pct"}
