@@ -24,9 +24,10 @@ is ever unpickled from, or written into, a profile folder to predict.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,7 @@ import torch
 
 from costmodel.allocator import configure_allocator
 from costmodel.device import check_dtype, check_threads, fingerprint, resolve_device
+from costmodel.families.aten_map import NOT_MODELLED
 from costmodel.kernels import KernelSpec
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.features import roofline_time_s
@@ -197,13 +199,23 @@ def _check_model(model: Any) -> CostModel:
     raise TypeError(f"model must be a fitted CostModel (sim.api.load_cost_model()), got {type(model).__name__}")
 
 
-def _module_tensors(module: Any, args: Sequence[Any], kwargs: dict | None) -> list[torch.Tensor]:
+def _module_tensors(module: Any, args: Sequence[Any], kwargs: Mapping[str, Any] | None, *,
+                    buffers: bool = True) -> list[torch.Tensor]:
     from torch.utils._pytree import tree_flatten
 
-    tensors = [t for t in tree_flatten((list(args), kwargs or {}))[0] if isinstance(t, torch.Tensor)]
+    tensors = [t for t in tree_flatten((list(args), dict(kwargs or {})))[0] if isinstance(t, torch.Tensor)]
     if isinstance(module, torch.nn.Module):
-        tensors += list(module.parameters()) + list(module.buffers())
+        tensors += list(module.parameters()) + (list(module.buffers()) if buffers else [])
     return tensors
+
+
+def _check_call(args: Any, kwargs: Any) -> None:
+    """``args`` a tuple or list, ``kwargs`` None or a mapping with string keys (checked before any work)."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple of positional arguments, got {type(args).__name__} (wrap it: (x,))")
+    if kwargs is not None and not (isinstance(kwargs, Mapping) and all(isinstance(k, str) for k in kwargs)):
+        raise TypeError(f"kwargs must be None or a mapping of keyword-argument names to values (a dict such as "
+                        f"{{'labels': ids}}), got {type(kwargs).__name__}: {kwargs!r:.80}")
 
 
 def _check_dtypes(dtypes: set[str], model: CostModel, where: str) -> None:
@@ -216,6 +228,17 @@ def _check_dtypes(dtypes: set[str], model: CostModel, where: str) -> None:
             f"`python -m costmodel fit dtype={dt}`) and pass load_cost_model(dtype='{dt}'), or cast the module "
             f"and inputs to {model.fingerprint.dtype}"
         )
+
+
+def _warn_not_modelled(fallback: Sequence[Any]) -> None:
+    """Say plainly when the fallback predicts ops whose work it does not count (an integer
+    matmul: bytes only, no multiply-adds), so the prediction underestimates them."""
+    ops = sorted({op.aten_op for op in fallback if NOT_MODELLED in op.reason})
+    if ops:
+        n = sum(NOT_MODELLED in op.reason for op in fallback)
+        reason = next(op.reason for op in fallback if NOT_MODELLED in op.reason)
+        warnings.warn(f"{n} op(s) of the trace are not modelled ({', '.join(ops)}; e.g. {reason}): their prediction "
+                      "is a lower bound. They are listed in the prediction's `unmapped` table", stacklevel=3)
 
 
 def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[str] = LEVELS) -> LayerPrediction:
@@ -240,6 +263,7 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
     kernels.insert(1, "phase", [op.phase for op in mapped])
     kernels["modelled"] = True
     fallback = [op for op in ops if op.kind == "unmapped"]
+    _warn_not_modelled(fallback)
     if fallback:
         bytes_moved = np.array([op.bytes_moved for op in fallback], dtype=np.float64)
         seconds = roofline_time_s(np.zeros_like(bytes_moved), bytes_moved, model.ceilings)
@@ -263,12 +287,14 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
 
 def capture_module(module: Callable[..., Any], args: Sequence[Any], kwargs: dict | None = None, *,
                    backward: bool = False, loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CapturedTrace:
-    """Capture one forward call (or forward + loss + backward) of ``module``."""
+    """Capture one forward call (or forward + loss + backward) of ``module``.
+
+    The backward starts from no grads, as the measured step does; the module's parameters,
+    grads and buffers and the inputs are left as they were (``sim.capture.CallerState``)."""
+    _check_call(args, kwargs)
     if backward:
-        if isinstance(module, torch.nn.Module):
-            module.zero_grad(set_to_none=True)  # the measured step starts from no grads, as does capture
-        return capture_training_step(module, tuple(args), kwargs, loss_fn)
-    return capture_trace(module, *args, **(kwargs or {}))
+        return capture_training_step(module, tuple(args), dict(kwargs or {}), loss_fn)
+    return capture_trace(module, *args, **dict(kwargs or {}))
 
 
 def predict_module_latency(
@@ -287,9 +313,11 @@ def predict_module_latency(
     The module runs once on real tensors (capture), on whatever device they live on; the
     prediction is for ``model``'s device, which may be another one."""
     model = _check_model(model)
-    if not isinstance(args, (tuple, list)):
-        raise TypeError(f"args must be a tuple of positional arguments, got {type(args).__name__} (wrap it: (x,))")
-    float_dtypes = {str(t.dtype).removeprefix("torch.") for t in _module_tensors(module, args, kwargs)
+    _check_call(args, kwargs)
+    # refused before running anything: the dtypes of the inputs and parameters. Buffers are left
+    # to the trace (predict_captured checks the dtypes the kernels compute in): an unused float64
+    # buffer, or one only read by host-side code, does not make the module compute in float64.
+    float_dtypes = {str(t.dtype).removeprefix("torch.") for t in _module_tensors(module, args, kwargs, buffers=False)
                     if t.is_floating_point()}
     _check_dtypes(float_dtypes, model, "the module")
     trace = capture_module(module, args, kwargs, backward=backward, loss_fn=loss_fn)
@@ -336,6 +364,7 @@ def measure_module_latency(
     from sim.capture import default_loss
 
     model = _check_model(model)
+    _check_call(args, kwargs)
     device = _check_same_device(module, args, kwargs, model)
     timing = timing or TimingConfig(cold_cache=model.fingerprint.cache == "cold")
     kwargs = kwargs or {}

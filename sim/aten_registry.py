@@ -10,12 +10,16 @@ PyTorch tags pointwise. ``registry_table()`` lists every entry.
 ``classify`` is what ``sim.capture`` calls for each op: it returns ``("view", None)`` for
 ops that launch no kernel (views, aliases, allocations, host reads), ``("kernel", spec)``
 for mapped ops, and ``("unmapped", reason)`` for ops the registry does not know or cannot
-describe (predicted by the roofline fallback in ``sim.capture``, never dropped).
+describe, a sparse operand of an entry that does not describe sparse tensors among them
+(predicted by the roofline fallback in ``sim.capture``, never dropped).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
 
 import costmodel.families  # noqa: F401 (registers every family's aten ops)
 from costmodel.families.aten_map import (  # noqa: F401 (the registry's public names, re-exported)
@@ -50,6 +54,10 @@ def lookup(func: Any) -> Entry | None:
     """The registry entry of an aten overload: explicit entries first, then pointwise by tag."""
     return entry_for(func) or pointwise_entry(func)
 
+def _tensors(values: Any) -> list[torch.Tensor]:
+    return [v for v in tree_flatten(values)[0] if isinstance(v, torch.Tensor)]
+
+
 def classify(call: OpCall) -> tuple[str, Any]:
     """("view", None) | ("kernel", spec) | ("unmapped", reason)."""
     func = call.func
@@ -58,6 +66,11 @@ def classify(call: OpCall) -> tuple[str, Any]:
     entry = lookup(func)
     if entry is None:
         return "unmapped", "no registry entry"
+    if not entry.sparse:
+        sparse = sorted({str(t.layout).removeprefix("torch.") for t in _tensors((call.args, call.kwargs, call.out))
+                         if t.layout != torch.strided})
+        if sparse:  # its descriptor would count the dense shape: the fallback counts the stored bytes
+            return "unmapped", f"{entry.family}: a sparse operand ({', '.join(sparse)}) is not described"
     try:
         return "kernel", entry.mapper(call)
     except (Unmappable, ValueError) as exc:  # ValueError: a descriptor refused the fields

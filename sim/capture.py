@@ -11,8 +11,15 @@ strides, and classified by the one registry in ``sim.aten_registry``:
   fill is part of that kernel, not a second one;
 - ``unmapped``: an op the registry does not know or cannot describe; never dropped: listed
   by ``CapturedTrace.unmapped()`` and predicted by the roofline fallback (its ideal bytes,
-  every tensor argument read once and every output written once, over the measured
+  every tensor argument read once and every output written once, a sparse one by its stored
+  values and indices, over the measured
   bandwidth, plus the per-call overhead: Williams, Waterman & Patterson, CACM 2009).
+
+Capture leaves the caller's state as it found it (``CallerState``): the tensor arguments
+and, for a module (or a module's bound method), its parameters and buffers are bit-identical
+afterwards, and their ``.grad`` the same objects (None stays None). The capture's own
+backward starts from no grads, as the measured step does, and stops at the inputs: an input
+that is part of the caller's autograd graph is detached for it.
 
 This is the technique of PyTorch's ``FlopCounterMode`` (``torch/utils/flop_counter.py``)
 and its runtime estimator (``torch/distributed/_tools/runtime_estimator.py``), with the
@@ -27,12 +34,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from costmodel.kernels import FLOAT_DTYPES, ElementwiseSpec, KernelSpec
 from sim.aten_registry import OpCall, classify, dtype_name
@@ -129,11 +137,19 @@ def _tensors(values: Any) -> list[torch.Tensor]:
     return [v for v in flat if isinstance(v, torch.Tensor)]
 
 
+_COMPRESSED = {torch.sparse_csr: ("crow_indices", "col_indices"), torch.sparse_csc: ("ccol_indices", "row_indices"),
+               torch.sparse_bsr: ("crow_indices", "col_indices"), torch.sparse_bsc: ("ccol_indices", "row_indices")}
+
+
 def _nbytes(t: torch.Tensor) -> int:
-    if t.layout == torch.strided:
-        return t.numel() * t.element_size()
-    if t.layout == torch.sparse_csr:
-        return (t._nnz() * (t.element_size() + 8) + (t.shape[0] + 1) * 8)
+    """Bytes of the tensor's data: a sparse tensor holds its stored values and their indices,
+    not numel (a 100k x 100k COO with 3 non-zeros is 3 values and 3 x 2 indices)."""
+    if t.layout == torch.sparse_coo:
+        return t._values().numel() * t.element_size() + t._indices().numel() * t._indices().element_size()
+    if t.layout in _COMPRESSED:
+        compressed, plain = (getattr(t, name)() for name in _COMPRESSED[t.layout])
+        return (t.values().numel() * t.element_size() + compressed.numel() * compressed.element_size()
+                + plain.numel() * plain.element_size())
     return t.numel() * t.element_size()
 
 
@@ -150,17 +166,89 @@ def _strides(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.stride()) if t.layout == torch.strided else ()
 
 
+@lru_cache(maxsize=None)
+def _written_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, keyword-only) of the arguments an aten overload writes (``Tensor(a!)``)."""
+    return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.is_floating_point or a.dtype.is_complex:
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)
+
+
+class CallerState:
+    """The caller's tensors as capture found them, put back bit for bit afterwards.
+
+    Protected: the tensors among the arguments, and the parameters and buffers of ``owner``
+    (a module, or the module whose bound method is captured). Their ``.grad`` are set aside
+    (the capture's backward starts from none, as the measured step does) and put back, the
+    same objects, None staying None. Contents are saved copy-on-write: the dispatch mode calls
+    ``before`` with every op, and the first op that writes into a protected tensor's storage
+    (``Tensor(a!)`` in its schema: ``x.add_(1)``, ``out=``, a view of it) first saves a copy.
+    Buffers are copied up front as well, because batch norm's running statistics are updated
+    by ops whose schema does not declare the write; a buffer is put back only where it changed.
+    A module's parameters are not copied up front: no memory is doubled for a large model."""
+
+    def __init__(self, owner: Any, values: Any) -> None:
+        if not isinstance(owner, torch.nn.Module):
+            owner = getattr(owner, "__self__", None)
+        params = list(owner.parameters()) if isinstance(owner, torch.nn.Module) else []
+        buffers = list(owner.buffers()) if isinstance(owner, torch.nn.Module) else []
+        tensors = list({id(t): t for t in [*_tensors(values), *params, *buffers]}.values())
+        self._grads = [(t, t.grad) for t in tensors if t.is_leaf]
+        for t, grad in self._grads:
+            if grad is not None:
+                t.grad = None
+        self._buffers = [(b, b.detach().clone()) for b in {id(b): b for b in buffers}.values()
+                         if b.layout == torch.strided and b.device.type != "meta"]
+        copied = {id(b) for b, _ in self._buffers}
+        self._watch: dict[int, list[torch.Tensor]] = {}
+        for t in tensors:
+            p = None if id(t) in copied else _ptr(t)
+            if p and t.numel() > 0:
+                self._watch.setdefault(p, []).append(t)
+        self._saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def before(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """Save a copy of every protected tensor whose storage ``func`` is about to write."""
+        if not self._watch:
+            return
+        for i, name, kwarg_only in _written_args(func):
+            value = kwargs.get(name) if kwarg_only or i >= len(args) else args[i]
+            for t in _tensors(value):
+                for p in self._watch.pop(_ptr(t) or 0, ()):
+                    self._saved.append((p, p.detach().clone()))
+
+    def restore(self) -> None:
+        """Put back every saved content and the grads as they were."""
+        with torch.no_grad():
+            for t, saved in self._saved:
+                t.data.copy_(saved)
+            for t, saved in self._buffers:
+                if not _same_bits(t, saved):
+                    t.data.copy_(saved)
+        for t, grad in self._grads:
+            t.grad = grad
+        self._saved, self._buffers = [], []
+
+
 class CaptureMode(TorchDispatchMode):
     """Records every aten op and classifies it through ``sim.aten_registry``."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: CallerState | None = None) -> None:
         super().__init__()
         self.ops: list[CapturedOp] = []
         self.phase = "forward"
         self._pending_fills: dict[int, int] = {}  # storage ptr -> index of the fill that wrote it
+        self._state = state
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if self._state is not None:
+            self._state.before(func, args, kwargs)
         out = func(*args, **kwargs)
         self._record(func, args, kwargs, out)
         return out
@@ -222,7 +310,8 @@ def capture_trace(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Captured
     when it runs no op that launches a kernel."""
     if not callable(fn):
         raise TypeError(f"capture_trace needs a callable (a module or function), got {type(fn).__name__}")
-    mode = CaptureMode()
+    state = CallerState(fn, (args, kwargs))
+    mode = CaptureMode(state)
     start = time.perf_counter()
     try:
         with mode:
@@ -232,6 +321,8 @@ def capture_trace(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Captured
             f"the captured callable raised {type(exc).__name__}: {exc}. Capture runs it once on real tensors: "
             "call it yourself with the same arguments first and fix that error"
         ) from exc
+    finally:
+        state.restore()
     return _finish(mode, time.perf_counter() - start, _device_of((args, kwargs)))
 
 
@@ -256,11 +347,24 @@ def default_loss(output: Any) -> torch.Tensor:
     )
 
 
+def _cut_from_graph(value: Any) -> Any:
+    """An input that is an intermediate of the caller's graph, detached (still requiring grad)."""
+    if isinstance(value, torch.Tensor) and value.requires_grad and not value.is_leaf:
+        return value.detach().requires_grad_(True)
+    return value
+
+
 def capture_training_step(module: Callable[..., Any], args: tuple, kwargs: dict | None = None,
                           loss_fn: Callable[[Any], torch.Tensor] | None = None) -> CapturedTrace:
-    """Capture forward, the loss, and ``loss.backward()``: ops tagged forward / backward."""
+    """Capture forward, the loss, and ``loss.backward()``: ops tagged forward / backward.
+
+    The step starts from no grads and leaves the caller's as they were (``CallerState``); an
+    input inside the caller's autograd graph is detached (still requiring grad), so the
+    backward ends at the inputs and the caller's graph is neither run nor freed."""
     kwargs = kwargs or {}
-    mode = CaptureMode()
+    state = CallerState(module, (args, kwargs))
+    args, kwargs = tree_map(_cut_from_graph, (tuple(args), dict(kwargs)))
+    mode = CaptureMode(state)
     start = time.perf_counter()
     try:
         with mode:
@@ -275,4 +379,6 @@ def capture_training_step(module: Callable[..., Any], args: tuple, kwargs: dict 
             f"the captured training step raised {type(exc).__name__}: {exc}. Capture runs forward and "
             "loss.backward() once on real tensors: run them yourself with the same arguments and fix that error"
         ) from exc
+    finally:
+        state.restore()
     return _finish(mode, time.perf_counter() - start, _device_of((args, kwargs)))

@@ -63,17 +63,22 @@ class Entry:
     family: str
     mapper: Mapper
     note: str
+    #: whether the mapper describes sparse operands (from their non-zeros); an entry that does
+    #: not is never given one: its descriptor would count the dense shape (``classify``)
+    sparse: bool = False
 
 _ENTRIES: dict[Any, Entry] = {}
 
-def register(packets: Iterable[Any], *, family: str, note: str = "") -> Callable[[Mapper], Mapper]:
-    """Register ``mapper`` for every aten overload packet in ``packets``."""
+def register(packets: Iterable[Any], *, family: str, note: str = "",
+             sparse: bool = False) -> Callable[[Mapper], Mapper]:
+    """Register ``mapper`` for every aten overload packet in ``packets`` (``sparse``: it
+    describes sparse operands itself; otherwise a call with one is left unmapped)."""
 
     def deco(fn: Mapper) -> Mapper:
         for p in packets:
             if p in _ENTRIES:
                 raise ValueError(f"aten op {p} is registered twice (as {_ENTRIES[p].family} and {family})")
-            _ENTRIES[p] = Entry(family, fn, note)
+            _ENTRIES[p] = Entry(family, fn, note, sparse)
         return fn
 
     return deco
@@ -94,6 +99,24 @@ def spec_dtype(t: torch.Tensor, allowed: tuple[str, ...]) -> str:
     if name not in allowed:
         raise Unmappable(f"dtype {name} is not one of the family's dtypes {list(allowed)}")
     return name
+
+#: begins the reason of an op a family refuses although it is that family's kind of work (an
+#: integer matmul): the roofline fallback, which counts bytes only, underestimates it, and
+#: ``sim.api.predict_captured`` warns about it
+NOT_MODELLED = "not modelled: "
+
+
+def matmul_dtype(t: torch.Tensor, allowed: tuple[str, ...]) -> str:
+    """``spec_dtype`` of a matmul operand, refusing a dtype outside the family plainly: an
+    integer matmul is not modelled (the family is measured in floating point, through BLAS;
+    torch runs integer matmuls without it, at a small fraction of that rate)."""
+    name = dtype_name(t)
+    if name not in allowed:
+        kind = "floating-point" if t.is_floating_point() else ("complex" if t.is_complex() else "integer")
+        raise Unmappable(f"{NOT_MODELLED}{kind} matmul in {name}: the family is measured in {list(allowed)} only; "
+                         "the roofline fallback counts its bytes, not its multiply-adds, so it is underestimated")
+    return name
+
 
 def index_stats(index: torch.Tensor, num_targets: int) -> tuple[float, bool]:
     """(CV of per-target hit counts, ascending?) of an integer index, read from its values

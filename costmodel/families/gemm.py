@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.families.aten_map import OpCall, Unmappable, aten, matrix_layout, register, spec_dtype
+from costmodel.families.aten_map import OpCall, Unmappable, aten, matmul_dtype, matrix_layout, register
 from costmodel.families.columns import column, layout_features, log10
 from costmodel.families.descriptor import DTYPE_BYTES, KernelSpec, check_layout, check_positive, layout_flags
 from costmodel.families.inputs import randn, randn_laid_out
@@ -132,30 +132,30 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
 # ----------------------------------------------------------------------------- aten ops
 
 
-@register([aten.mm, aten.addmm], family="gemm",
+@register([aten.mm, aten.addmm], family="gemm", sparse=True,
           note="linear/matmul land here (bias fused by addmm's beta*C); layout from the operands' strides "
-               "(linear's weight is a transposed view: nt); a sparse CSR first operand maps to spmm")
+               "(linear's weight is a transposed view: nt); a sparse CSR or COO first operand maps to spmm")
 def _mm(call: OpCall) -> KernelSpec:
     is_add = call.func.overloadpacket is aten.addmm
     a, b = (call.args[1], call.args[2]) if is_add else (call.args[0], call.args[1])
-    if a.layout == torch.sparse_csr:
+    if a.layout in (torch.sparse_csr, torch.sparse_coo) and b.layout == torch.strided:
         return spmm_spec(a, b, call, call.args[0] if is_add else None)
     if a.layout != torch.strided or b.layout != torch.strided:
-        raise Unmappable(f"operand layouts {a.layout}, {b.layout} are not dense or CSR")
-    return GemmSpec(int(a.shape[0]), int(a.shape[1]), int(b.shape[1]), spec_dtype(a, GemmSpec.allowed_dtypes),
+        raise Unmappable(f"operand layouts {a.layout}, {b.layout} are not dense, or sparse (CSR, COO) x dense")
+    return GemmSpec(int(a.shape[0]), int(a.shape[1]), int(b.shape[1]), matmul_dtype(a, GemmSpec.allowed_dtypes),
                     matrix_layout(a, b))
 
 
 @register([aten.mv, aten.addmv], family="gemm", note="matrix-vector product as a GEMM with N = 1")
 def _mv(call: OpCall) -> KernelSpec:
     a = call.args[1] if call.func.overloadpacket is aten.addmv else call.args[0]
-    return GemmSpec(int(a.shape[0]), int(a.shape[1]), 1, spec_dtype(a, GemmSpec.allowed_dtypes))
+    return GemmSpec(int(a.shape[0]), int(a.shape[1]), 1, matmul_dtype(a, GemmSpec.allowed_dtypes))
 
 
 @register([aten.dot], family="gemm", note="dot product as a GEMM with M = N = 1")
 def _dot(call: OpCall) -> KernelSpec:
     a = call.args[0]
-    return GemmSpec(1, int(a.numel()), 1, spec_dtype(a, GemmSpec.allowed_dtypes))
+    return GemmSpec(1, int(a.numel()), 1, matmul_dtype(a, GemmSpec.allowed_dtypes))
 
 
 register_family(GemmSpec, suite=suite, build=build, features=features)

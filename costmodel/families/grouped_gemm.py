@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.families.aten_map import OpCall, Unmappable, aten, matrix_layout, register, spec_dtype
+from costmodel.families.aten_map import OpCall, Unmappable, aten, matmul_dtype, matrix_layout, register
 from costmodel.families.columns import column, layout_features, log10, onehot
 from costmodel.families.descriptor import KernelSpec, check_choice, check_layout, check_positive, layout_flags
 from costmodel.families.inputs import randn_laid_out
@@ -246,7 +246,7 @@ def _bmm(call: OpCall) -> KernelSpec:
     if sum(counts) == 0:
         counts = (int(x.shape[1]),) * int(x.shape[0])
     return GroupedGemmSpec(counts, int(x.shape[2]), int(w.shape[2]), "padded_bmm",
-                           spec_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
+                           matmul_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
 
 
 @register([aten._grouped_mm], family="grouped_gemm",
@@ -262,7 +262,7 @@ def _grouped(call: OpCall) -> KernelSpec:
     ragged_k = w.dim() == 2
     k = int(x.shape[0]) if ragged_k else int(x.shape[1])
     return GroupedGemmSpec(counts, k, int(w.shape[-1]), "grouped_mm_ragged_k" if ragged_k else "grouped_mm",
-                           spec_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
+                           matmul_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
 
 
 register_family(GroupedGemmSpec, suite=suite, build=build, features=features)

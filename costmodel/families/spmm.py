@@ -1,6 +1,7 @@
 """Sparse-dense matmul: out[N_dst, F] = A[N_dst, N_src] (CSR) @ X[N_src, F], gather and
 sum-aggregation fused (``torch.sparse.mm``; aten ``_sparse_addmm``/``_sparse_mm``, and ``mm``
-with a CSR operand via ``costmodel.families.gemm``)."""
+with a CSR or COO operand via ``costmodel.families.gemm``; a COO operand maps here as the
+nearest family, its fields read from its non-zeros)."""
 
 from __future__ import annotations
 
@@ -144,23 +145,40 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
 # ----------------------------------------------------------------------------- aten ops
 
 
-def spmm_spec(csr: torch.Tensor, dense: torch.Tensor, call: OpCall, init: torch.Tensor | None) -> KernelSpec:
-    if dense.dim() != 2:
-        raise Unmappable("sparse matmul with a non-matrix dense operand")
-    cv, _ = pattern_of_counts(np.diff(csr.crow_indices().detach().to("cpu", torch.int64).numpy()))
-    num_src = int(csr.shape[1])
-    src_cv, src_share = pattern_of_counts(
-        np.bincount(csr.col_indices().detach().to("cpu", torch.int64).numpy(), minlength=num_src))
+def _host(index: torch.Tensor) -> np.ndarray:
+    return index.detach().to("cpu", torch.int64).numpy()
+
+
+def spmm_spec(sparse: torch.Tensor, dense: torch.Tensor, call: OpCall, init: torch.Tensor | None) -> KernelSpec:
+    """The SpmmSpec of ``sparse @ dense``, ``sparse`` in CSR or COO: every field from its
+    non-zeros (a 100k x 100k COO with 3 non-zeros is nnz = 3, not 10^10 elements). A COO
+    operand runs torch's COO kernel, not the CSR one the family is measured on: the nearest
+    family, the same work over the same non-zeros."""
+    if dense.dim() != 2 or sparse.dim() != 2:
+        raise Unmappable("sparse matmul with a non-matrix operand")
+    num_dst, num_src = int(sparse.shape[0]), int(sparse.shape[1])
+    if sparse.layout == torch.sparse_csr:
+        row_lengths = np.diff(_host(sparse.crow_indices()))
+        cols = _host(sparse.col_indices())
+    elif sparse.layout == torch.sparse_coo:
+        if sparse.dense_dim() != 0:
+            raise Unmappable("hybrid COO (values with dense dims) is not described")
+        rows, cols = _host(sparse._indices())
+        row_lengths = np.bincount(rows, minlength=num_dst)
+    else:
+        raise Unmappable(f"sparse layout {sparse.layout} is not described (CSR and COO are)")
+    cv, _ = pattern_of_counts(row_lengths)
+    src_cv, src_share = pattern_of_counts(np.bincount(cols, minlength=num_src))
     if init is not None:
         call.absorbs = init
-    return SpmmSpec(max(int(csr._nnz()), 1), int(dense.shape[1]), int(csr.shape[0]), num_src, cv,
+    return SpmmSpec(max(int(sparse._nnz()), 1), int(dense.shape[1]), num_dst, num_src, cv,
                     spec_dtype(dense, SpmmSpec.allowed_dtypes), src_cv, src_share)
 
 
-@register([aten._sparse_addmm, aten._sparse_mm], family="spmm",
-          note="CSR x dense; index_cv = CV of CSR row lengths (in-degree), src_cv and src_read_share "
-               "from the column indices (which rows of the dense operand are read); a zero fill of the output just "
-               "before is part of the call (as in costmodel.ops.spmm)")
+@register([aten._sparse_addmm, aten._sparse_mm], family="spmm", sparse=True,
+          note="CSR (or COO: nearest, the same work over its non-zeros) x dense; index_cv = CV of the row lengths "
+               "(in-degree), src_cv and src_read_share from the column indices (which rows of the dense operand "
+               "are read); a zero fill of the output just before is part of the call (as in costmodel.ops.spmm)")
 def _sparse(call: OpCall) -> KernelSpec:
     if call.func.overloadpacket is aten._sparse_addmm:
         return spmm_spec(call.args[1], call.args[2], call, call.args[0])
