@@ -25,11 +25,22 @@ kept while its level follows the machine; the stored measurements themselves are
 rewritten.
 
 The default tolerance (``DEFAULT_TOLERANCE``) is chosen from the measured run-to-run noise
-of these per-family ratios on the development VM: see the README ("Stale profiles").
+of these per-family ratios on the development VM: see docs/method.md.
+
+A busy machine is not a changed device. While another process used the CPUs, the check read
+softmax at 1284x, scatter at 765x and gather at 480x their profiled time, and the refresh
+that followed wrote rows 2,203x the old values into the profile; in this session's test run
+the check read gemm at 2201x beside histogram at 0.48x. So before any refresh,
+``busy_reason`` looks at what else ran during the check (``other_cpu_cores``: CPU time of
+other processes, from /proc/stat less this process's own, per second of wall time) and at
+the ratios themselves (any family beyond ``BUSY_RATIO`` either way): either one means the
+machine is busy, the report says so, naming what it saw, and nothing is refreshed
+(``stale_families`` is emptied): rows measured under that load are never recorded.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -48,6 +59,12 @@ POLICIES = ("never", "auto", "always")
 #: a family is stale when now/profiled leaves [1/(1+t), 1+t]; see the module docstring
 DEFAULT_TOLERANCE = 0.10
 REFRESH_COMMAND = "freshness refresh"
+#: a family ratio beyond this either way is a busy machine, not drift: the development VM's
+#: own drift stayed within 0.6-1.4x over days and reached 2.4-3.9x on another day's host of
+#: the same fingerprint (results/cpu_epyc/moe_v18), while busy spells read 480-2201x
+BUSY_RATIO = 10.0
+#: other processes using more than this many cores on average during the check: busy
+BUSY_OTHER_CORES = 0.5
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
 
 
@@ -88,6 +105,9 @@ class FreshnessReport:
     refresh_wall_s: float = 0.0
     written_on_other_host: bool = False
     note: str = ""
+    #: why the check found the machine busy (no refresh was recorded); "" when it was not
+    busy: str = ""
+    other_cpu_cores: float | None = None  # other processes' CPU use during the check, in cores
 
     @property
     def refreshed(self) -> bool:
@@ -102,7 +122,10 @@ class FreshnessReport:
         ratios = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.family_ratio.items()))
         head = (f"profile freshness ({self.policy}, tolerance ±{100 * self.tolerance:.0f}%): {self.checked_kernels} "
                 f"reference kernels timed now vs profiled, per family: {ratios}")
-        if self.stale_families:
+        if self.busy:
+            head += (f"; [yellow]machine busy ({self.busy}): nothing refreshed, no row recorded under that load; "
+                     "rerun on a quiet machine[/]")
+        elif self.stale_families:
             head += f"; stale: {', '.join(self.stale_families)}"
         else:
             head += "; every family within tolerance"
@@ -166,16 +189,56 @@ def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: Timi
     if refs.empty:
         report.note = "no profiled kernel of this suite to compare with yet"
         return report
-    start = time.perf_counter()
+    start, cpu_before = time.perf_counter(), cpu_seconds()
     ratios = family_ratios(refs, time_references(refs, device=device, timing=timing, rounds=rounds))
     report.check_wall_s = time.perf_counter() - start
+    report.other_cpu_cores = other_cpu_cores(cpu_before, cpu_seconds(), report.check_wall_s)
     report.checked_kernels = int(len(refs))
     report.family_ratio = {f: float(r) for f, r in ratios["ratio"].items()}
     report.family_iqr = {f: float(r) for f, r in ratios["iqr"].items()}
     report.family_kernels = {f: int(n) for f, n in ratios["kernels"].items()}
     report.stale_families = sorted(f for f, r in report.family_ratio.items()
                                    if report.policy == "always" or is_stale(r, report.tolerance))
+    report.busy = busy_reason(report.family_ratio, report.other_cpu_cores)
+    if report.busy:
+        report.stale_families = []  # a busy machine is not a changed device: record nothing
     return report
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU seconds every process used, CPU seconds this process used) so far; None where
+    /proc/stat cannot be read (not Linux)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq steal: busy = all but idle and iowait (proc(5))
+    values = [int(v) for v in fields[:8]]
+    busy = sum(values) - values[3] - values[4]
+    own = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system
+
+
+def other_cpu_cores(before: tuple[float, float] | None, after: tuple[float, float] | None,
+                    wall_s: float) -> float | None:
+    """Cores other processes kept busy on average between two ``cpu_seconds`` readings."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    others = (after[0] - before[0]) - (after[1] - before[1])
+    return max(0.0, others / wall_s)
+
+
+def busy_reason(family_ratio: Mapping[str, float], other_cores: float | None) -> str:
+    """Why the machine looks busy rather than drifted ("" when it does not): other processes
+    above ``BUSY_OTHER_CORES``, or a family ratio beyond ``BUSY_RATIO`` either way."""
+    reasons = []
+    if other_cores is not None and other_cores > BUSY_OTHER_CORES:
+        reasons.append(f"other processes used {other_cores:.2f} cores during the check")
+    wild = {f: r for f, r in family_ratio.items() if not 1 / BUSY_RATIO <= r <= BUSY_RATIO}
+    if wild:
+        reasons.append("ratios beyond " + f"{BUSY_RATIO:g}x: " + ", ".join(f"{f} {r:.3g}x" for f, r in sorted(wild.items())))
+    return "; ".join(reasons)
 
 
 def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str, at: str | None = None,

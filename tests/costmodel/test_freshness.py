@@ -193,3 +193,53 @@ def test_a_refresh_scales_older_rows_only_in_the_latency_regimes_it_re_measured(
                  "refresh": {"at": "2026-03-01T00:00:00", "family_scale": {"scatter": 2.0},
                              "regime_scale": {"scatter": {"-5": 2.0, "-3": 3.0}}}})
     assert refresh_scale(rows, prov).tolist() == [2.0, 1.5, 1.5, 1.0]
+
+
+# ----------------------------------------------------------------------------- busy machine
+
+
+def test_busy_reason_names_other_processes_and_wild_ratios():
+    from costmodel.freshness import BUSY_OTHER_CORES, BUSY_RATIO, busy_reason
+
+    assert busy_reason({"gemm": 1.3, "sort": 0.8}, 0.1) == ""
+    assert busy_reason({"gemm": 1.3}, None) == ""  # nothing known of other processes: the ratios decide
+    assert "other processes used 1.20 cores" in busy_reason({"gemm": 1.0}, 1.2)
+    text = busy_reason({"softmax": 1284.0, "gather": 480.0, "gemm": 1.1, "sort": 0.05, "scatter": 3.9}, 0.0)
+    assert f"ratios beyond {BUSY_RATIO:g}x" in text and "softmax 1.28e+03x" in text and "sort 0.05x" in text
+    assert "gemm" not in text and "scatter" not in text and BUSY_OTHER_CORES < 1
+
+
+def test_other_cpu_cores_subtracts_this_process():
+    from costmodel.freshness import other_cpu_cores
+
+    assert other_cpu_cores((100.0, 10.0), (104.0, 11.0), 2.0) == pytest.approx(1.5)  # 4 s busy, 1 s ours, over 2 s
+    assert other_cpu_cores(None, (1.0, 1.0), 1.0) is None and other_cpu_cores((1.0, 1.0), (1.0, 1.0), 0.0) is None
+
+
+def test_a_refresh_under_a_cpu_hog_is_refused_and_records_nothing(tmp_path):
+    """A bounded synthetic hog (two busy-looping processes for at most 20 s, killed after the
+    check) makes the freshness check report a busy machine and refresh nothing."""
+    import subprocess
+    import sys
+
+    from costmodel.freshness import cpu_seconds
+
+    if cpu_seconds() is None:
+        pytest.skip("needs /proc/stat")
+    rt = Runtime.from_cfg(_cfg(tmp_path))
+    calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")
+    before = rt.open_profile().measurements()
+    hog = "import time\nend = time.time() + 20\nwhile time.time() < end: pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(2)]
+    try:
+        model = calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="always")
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait(timeout=10)
+    report = model.freshness
+    assert report["busy"] and "other processes used" in report["busy"]
+    assert report["stale_families"] == [] and not report["refreshed"]
+    after = rt.open_profile().measurements()
+    assert len(after) == len(before)  # no row recorded under that load
+    assert not [e for e in rt.open_profile().provenance() if e.get("command") == "freshness refresh"]
