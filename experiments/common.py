@@ -530,11 +530,12 @@ def plot_latency_by_backend(df: pd.DataFrame, x: str, path: Path, *, xlabel: str
     """Measured latency (median, IQR bars) and the L3 prediction against ``x``, one colour per
     backend, with the L0 line: the plot every sweep experiment draws."""
     fig, ax = plt.subplots(figsize=(8, 5))
+    scoring = f" ({df.attrs['scoring']})" if df.attrs.get("scoring") else ""
     for i, (backend, g) in enumerate(df.groupby("backend")):
         color = f"C{i}"
         ax.errorbar(g[x], g["measured_s"] * 1e3, yerr=g["measured_iqr_s"] * 1e3 / 2, fmt="o-", color=color,
                     label=f"{backend}: measured (IQR)")
-        ax.plot(g[x], g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted")
+        ax.plot(g[x], g["pred_L3_s"] * 1e3, "x--", color=color, label=f"{backend}: L3 predicted{scoring}")
     g0 = df[df["backend"] == df["backend"].iloc[0]]
     ax.plot(g0[x], g0["pred_L0_s"] * 1e3, "k:", lw=2, label=l0_label)
     _finish_latency_plot(fig, ax, path, xlabel=xlabel, ylabel="layer latency [ms]", title=title)
