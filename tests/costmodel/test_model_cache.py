@@ -23,7 +23,6 @@ from costmodel.model_cache import ModelCacheWarning
 from costmodel.predictor import MODEL_VERSION, CostModel
 from costmodel.profile import DeviceProfile
 
-CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
 
 
 
@@ -43,19 +42,18 @@ class Planted:
         return (open, (self.marker, "w"))
 
 
-def _profile(root) -> DeviceProfile:
-    """A tiny profile of this process's CPU (as ``load_cost_model(device="cpu")`` fingerprints it)."""
-    configure_allocator("steady")
-    profile = DeviceProfile.open(root, fingerprint(torch.device("cpu"), "float32"))
-    rows = []
-    for m in np.unique(np.geomspace(1, 1024, 30).round().astype(int)):
-        spec = GemmSpec(int(m), 64, 64)
-        rows.append({"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(),
-                     "bytes_moved": spec.bytes_moved(), "median_s": 1e-5 + spec.flops() / 5e10, "iqr_s": 1e-7,
-                     "noisy": False})
-    profile.append_measurements(rows)
-    profile.write_ceilings(CEIL)
-    return profile
+@pytest.fixture
+def make_profile(fill_gemms):
+    """``make_profile(root)``: a tiny profile of this process's CPU (as
+    ``load_cost_model(device="cpu")`` fingerprints it), 30 synthetic GEMMs."""
+
+    def make(root) -> DeviceProfile:
+        configure_allocator("steady")
+        profile = DeviceProfile.open(root, fingerprint(torch.device("cpu"), "float32"))
+        fill_gemms(profile, 30)
+        return profile
+
+    return make
 
 
 def _plant(profile: DeviceProfile, marker) -> None:
@@ -87,7 +85,7 @@ def test_planting_works_as_an_attack(tmp_path):
     assert marker.exists()
 
 
-def test_no_loading_path_unpickles_a_profile_folders_models(tmp_path):
+def test_no_loading_path_unpickles_a_profile_folders_models(make_profile, tmp_path):
     from costmodel import fleet
     from costmodel.runtime import Runtime
     from sim.api import load_cost_model, load_stored_cost_model
@@ -95,7 +93,7 @@ def test_no_loading_path_unpickles_a_profile_folders_models(tmp_path):
     from sim.placement import Device
 
     root = tmp_path / "profiles"
-    profile = _profile(root)
+    profile = make_profile(root)
     marker = tmp_path / "pwned"
     _plant(profile, marker)
 
@@ -119,8 +117,8 @@ def test_no_loading_path_unpickles_a_profile_folders_models(tmp_path):
     assert (profile.path / "models.joblib").exists()  # left as it was: ignored, not deleted
 
 
-def test_a_world_writable_cache_folder_is_refused(tmp_path, monkeypatch):
-    profile = _profile(tmp_path / "profiles")
+def test_a_world_writable_cache_folder_is_refused(make_profile, tmp_path, monkeypatch):
+    profile = make_profile(tmp_path / "profiles")
     cache = tmp_path / "shared_cache"
     cache.mkdir()
     cache.chmod(0o777)
@@ -136,8 +134,8 @@ def test_a_world_writable_cache_folder_is_refused(tmp_path, monkeypatch):
         assert model.save(profile) is None
 
 
-def test_an_unsafe_cache_entry_is_refused_and_a_new_cache_is_private(tmp_path, monkeypatch):
-    profile = _profile(tmp_path / "profiles")
+def test_an_unsafe_cache_entry_is_refused_and_a_new_cache_is_private(make_profile, tmp_path, monkeypatch):
+    profile = make_profile(tmp_path / "profiles")
     cache = tmp_path / "a" / "cache"
     monkeypatch.setenv(model_cache.ENV, str(cache))
     entry = CostModel.fit_profile(profile, cv_folds=3).save(profile)
@@ -162,8 +160,8 @@ def test_an_unsafe_cache_entry_is_refused_and_a_new_cache_is_private(tmp_path, m
     assert not marker.exists()
 
 
-def test_a_cache_hit_avoids_the_refit(tmp_path, monkeypatch):
-    profile = _profile(tmp_path / "profiles")
+def test_a_cache_hit_avoids_the_refit(make_profile, tmp_path, monkeypatch):
+    profile = make_profile(tmp_path / "profiles")
     calls = []
     fit = CostModel.fit_profile.__func__
 
@@ -180,13 +178,13 @@ def test_a_cache_hit_avoids_the_refit(tmp_path, monkeypatch):
     assert second.meta["model_version"] == MODEL_VERSION and second.profile_hash == profile.content_hash()
 
 
-def test_predicting_from_a_read_only_profile_writes_nothing_into_it(tmp_path):
+def test_predicting_from_a_read_only_profile_writes_nothing_into_it(make_profile, tmp_path):
     from costmodel.runtime import Runtime
     from sim.api import load_stored_cost_model
     from sim.calibration import fitted_model
 
     root = tmp_path / "profiles"
-    profile = _profile(root)
+    profile = make_profile(root)
     for path in [profile.path, *profile.path.iterdir()]:
         path.chmod(path.stat().st_mode & ~0o222)
     before = _snapshot(profile.path)

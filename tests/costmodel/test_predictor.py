@@ -26,24 +26,13 @@ def own_model_cache(tmp_path, monkeypatch):
     would answer one test with another's models."""
     monkeypatch.setenv("MOEGNN_MODEL_CACHE", str(tmp_path / "model_cache"))
 
-def _fill(profile, n):
-    rows = []
-    for i, m in enumerate(np.unique(np.geomspace(1, 1024, n).round().astype(int))):
-        spec = GemmSpec(int(m), 64, 64)
-        rows.append({"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(),
-                     "bytes_moved": spec.bytes_moved(), "median_s": 1e-5 + spec.flops() / 5e10, "iqr_s": 1e-7,
-                     "noisy": False})
-    profile.append_measurements(rows)
-    profile.write_ceilings(CEIL)
-
-
 @pytest.fixture
 def profile(tmp_path):
     return DeviceProfile.open(tmp_path, fingerprint(torch.device("cpu"), "float32"))
 
 
-def test_fit_save_load_predict(profile):
-    _fill(profile, 30)
+def test_fit_save_load_predict(fill_gemms, profile):
+    fill_gemms(profile, 30)
     model = CostModel.fit_profile(profile, cv_folds=3)
     entry = model.save(profile)
     assert entry is not None and entry.parent != profile.path  # the user's cache, not the profile
@@ -54,8 +43,8 @@ def test_fit_save_load_predict(profile):
     assert list(loaded.predict(specs).columns) == ["L0", "L1", "L2", "L3"]
 
 
-def test_models_refuse_another_device_and_a_changed_profile_is_refitted(profile):
-    _fill(profile, 30)
+def test_models_refuse_another_device_and_a_changed_profile_is_refitted(fill_gemms, profile):
+    fill_gemms(profile, 30)
     CostModel.fit_profile(profile, cv_folds=3).save(profile)
     with pytest.raises(ProfileMismatchError, match="dtype"):
         CostModel.load(profile, expected=replace(profile.fingerprint, dtype="bfloat16"))
@@ -71,10 +60,10 @@ def test_models_refuse_another_device_and_a_changed_profile_is_refitted(profile)
     assert CostModel.load(profile).origin == "cache"
 
 
-def test_empty_or_tiny_profiles_are_clear_errors(profile):
+def test_empty_or_tiny_profiles_are_clear_errors(fill_gemms, profile):
     with pytest.raises(ProfileError, match="no ceilings.json"):
         CostModel.fit_profile(profile)
-    _fill(profile, 5)
+    fill_gemms(profile, 5)
     with pytest.raises(ProfileError, match="at least 10 are needed"):
         CostModel.fit_profile(profile)
     with pytest.raises(ProfileError, match="at least 10 are needed"):  # load fits on a miss: the same error
@@ -83,8 +72,8 @@ def test_empty_or_tiny_profiles_are_clear_errors(profile):
         CostModel.load(profile, fit_missing=False)
 
 
-def test_predict_deduplicates_but_keeps_order_and_repeats(profile):
-    _fill(profile, 30)
+def test_predict_deduplicates_but_keeps_order_and_repeats(fill_gemms, profile):
+    fill_gemms(profile, 30)
     model = CostModel.fit_profile(profile, cv_folds=3)
     a, b = GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)
     once = model.predict([a, b]).to_numpy()
@@ -94,8 +83,8 @@ def test_predict_deduplicates_but_keeps_order_and_repeats(profile):
     assert model.predict([]).empty
 
 
-def test_models_fitted_with_older_kernel_formulas_are_not_used(profile, monkeypatch):
-    _fill(profile, 30)
+def test_models_fitted_with_older_kernel_formulas_are_not_used(fill_gemms, profile, monkeypatch):
+    fill_gemms(profile, 30)
     CostModel.fit_profile(profile, cv_folds=3).save(profile)
     assert CostModel.load(profile).origin == "cache"
     monkeypatch.setattr(predictor, "MODEL_VERSION", predictor.MODEL_VERSION + 1)  # the code's features changed
@@ -113,10 +102,10 @@ def test_profile_kernels_follow_current_byte_formulas(profile):
     assert row["bytes_moved"] == spec.bytes_moved() == 4 * (8 * 16 + 2 * 16 * 32 + 8 * 32)
 
 
-def test_layer_predictions_add_the_cold_call_overhead_per_kernel(profile):
+def test_layer_predictions_add_the_cold_call_overhead_per_kernel(fill_gemms, profile):
     from sim.simulator import predict_trace
 
-    _fill(profile, 30)
+    fill_gemms(profile, 30)
     profile.write_ceilings({**CEIL, "cold_call_overhead_s": 5e-5})
     model = CostModel.fit_profile(profile, cv_folds=3)
     trace = [GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)]
@@ -127,8 +116,8 @@ def test_layer_predictions_add_the_cold_call_overhead_per_kernel(profile):
     assert np.allclose(predict_trace(warm, trace)["L3"], bare["L3"])
 
 
-def test_l3_of_a_measured_kernel_is_its_measurement_and_the_regression_elsewhere(profile):
-    _fill(profile, 30)
+def test_l3_of_a_measured_kernel_is_its_measurement_and_the_regression_elsewhere(fill_gemms, profile):
+    fill_gemms(profile, 30)
     rows = profile.kernels().set_index("key")["median_s"]
     model = CostModel.fit_profile(profile, cv_folds=3)
     model.save(profile)

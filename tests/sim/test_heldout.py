@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from costmodel.kernels import GemmSpec, SoftmaxSpec, SortSpec, TopkSpec
-from costmodel.runtime import Runtime
 from costmodel.timing import TimingConfig
 from experiments.workloads import Workload, evaluate_workloads
 from sim.calibration import calibrated_model
@@ -21,12 +20,8 @@ TRACE = [GemmSpec(8, 32, 32), SortSpec(2048), GemmSpec(8, 32, 32)]
 
 
 @pytest.fixture
-def rt(tmp_path):
-    return Runtime.from_cfg({
-        "device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
-        "profile": {"root": str(tmp_path)},
-        "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": 1, "max_rel_iqr": 0.5},
-        "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
+def rt(tiny_runtime):
+    return tiny_runtime(rounds=1)
 
 
 @pytest.fixture

@@ -1,0 +1,24 @@
+"""Fixtures of the sim tests: a runtime on this CPU with a throw-away profile root."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+
+from costmodel.runtime import Runtime
+
+
+@pytest.fixture
+def tiny_runtime(tmp_path) -> Callable[..., Runtime]:
+    """``tiny_runtime(rounds=...)``: a CPU float32 runtime with tiny timing budgets and its
+    profile root in the test's tmp_path."""
+
+    def make(rounds: int = 1) -> Runtime:
+        return Runtime.from_cfg({
+            "device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
+            "profile": {"root": str(tmp_path)},
+            "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": rounds, "max_rel_iqr": 0.5},
+            "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
+
+    return make
