@@ -33,6 +33,7 @@ from experiments.workloads import (  # noqa: E402
     Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
 )
 from sim.paired import distinct_kernels  # noqa: E402
+from sim.backends import gnn_backend  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
 from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
@@ -93,8 +94,9 @@ def validate(cfg: Any) -> list[GNNConfig]:
 
 def _src_read_shares(configs: list[GNNConfig], graphs: list[tuple[float, torch.Tensor]]) -> list[float]:
     """Three shares of source nodes read (lowest, middle, highest of the sweep's graphs) for
-    the sparse_csr calibration kernels; none when no layer aggregates by sparse matmul."""
-    if not any(c.backend == "sparse_csr" for c in configs):
+    the calibration kernels of backends whose cost depends on them (sparse_csr); none when
+    no layer's backend needs them."""
+    if not any(gnn_backend(c.backend).needs_source_read_shares for c in configs):
         return []
     n = configs[0].num_nodes
     shares = [GraphPlan.from_edge_index(ei, n, sorted_by_dst=False).csr_src_read_share or 1.0 for _, ei in graphs]

@@ -10,7 +10,8 @@ SAGE-style (Hamilton, Ying & Leskovec 2017), aggregation on the input width:
     a = reduce_dst(X[src])        gather [E, F_in] + scatter
     out = relu(X W_self + a W_neigh)   two gemms, add, relu
 
-Aggregation backends: ``index_add`` (``index_add_``, sum only), ``scatter_reduce``,
+Aggregation backends are registered objects in ``sim/backends/gnn.py``, named by
+``gnn.backend``: ``index_add`` (``index_add_``, sum only), ``scatter_reduce``,
 ``torch_scatter`` (where installed) and ``sparse_csr``, which fuses gather, scaling and
 sum/mean into one CSR sparse-dense matmul (``torch.sparse.mm``; no max).
 ``edge_order`` keeps the generator's order or sorts edges by destination first.
@@ -29,12 +30,11 @@ from torch import nn
 
 from costmodel import ops
 from costmodel.indices import pattern_of_counts
-from costmodel.kernels import ElementwiseSpec, GatherSpec, GemmSpec, KernelSpec, ScatterSpec, SpmmSpec
-from costmodel.runners import csr_from_index
+from costmodel.kernels import ElementwiseSpec, GemmSpec, KernelSpec
+from sim.backends.gnn import GNN_BACKENDS, gnn_backend  # noqa: F401 (GNN_BACKENDS re-exported)
 from sim.graphs import check_edge_index
 
 GNN_KINDS = ("gcn", "sage")
-GNN_BACKENDS = ("index_add", "scatter_reduce", "torch_scatter", "sparse_csr")
 AGGREGATIONS = ("sum", "mean", "max")
 EDGE_ORDERS = ("original", "dst_sorted")
 
@@ -46,7 +46,7 @@ class GNNConfig:
     out_features: int = 64  # F_out
     kind: str = "gcn"  # gcn | sage
     aggregation: str = "sum"  # sum | mean | max
-    backend: str = "index_add"  # index_add | scatter_reduce | torch_scatter | sparse_csr
+    backend: str = "index_add"  # sim/backends/gnn.py: index_add | scatter_reduce | torch_scatter | sparse_csr
     edge_order: str = "original"  # original | dst_sorted
     dtype: str = "float32"
 
@@ -55,14 +55,16 @@ class GNNConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"gnn.{name} must be a positive integer (>= 1), got {value!r}")
-        for name, allowed in (("kind", GNN_KINDS), ("aggregation", AGGREGATIONS), ("backend", GNN_BACKENDS),
-                              ("edge_order", EDGE_ORDERS)):
+        for name, allowed in (("kind", GNN_KINDS), ("aggregation", AGGREGATIONS), ("edge_order", EDGE_ORDERS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"gnn.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
-        if self.backend == "index_add" and self.aggregation != "sum":
-            raise ValueError(f"gnn.backend='index_add' only sums; gnn.aggregation must be 'sum', got {self.aggregation!r}")
-        if self.backend == "sparse_csr" and self.aggregation == "max":
-            raise ValueError("gnn.backend='sparse_csr' aggregates by matmul: gnn.aggregation must be 'sum' or 'mean'")
+        # a ValueError naming gnn.backend and the registered backends, or gnn.aggregation and what it computes
+        gnn_backend(self.backend).check_aggregation(self.aggregation)
+
+    @property
+    def scales_messages(self) -> bool:
+        """GCN sums messages scaled by the symmetric norm 1/sqrt(d_src d_dst), one per edge."""
+        return self.kind == "gcn" and self.aggregation == "sum"
 
     @property
     def agg_width(self) -> int:
@@ -75,9 +77,8 @@ class GNNConfig:
 
 
 def backend_unavailable_reason(cfg: GNNConfig) -> str | None:
-    if cfg.backend == "torch_scatter" and "torch_scatter" not in ops.scatter_backends_available():
-        return "torch-scatter is not installed (pip install --no-build-isolation torch-scatter)"
-    return None
+    """Why ``cfg.backend`` cannot run in this process, or None."""
+    return gnn_backend(cfg.backend).unavailable_reason()
 
 
 @dataclass(frozen=True)
@@ -137,18 +138,10 @@ def _ordered(edge_index: torch.Tensor, sorted_by_dst: bool) -> tuple[np.ndarray,
 
 def gnn_trace(cfg: GNNConfig, plan: GraphPlan) -> list[KernelSpec]:
     """The kernels ``GNNLayer.forward`` runs for this config and graph, in order."""
-    N, E, dt, W = cfg.num_nodes, plan.num_edges, cfg.dtype, cfg.agg_width
+    N, dt = cfg.num_nodes, cfg.dtype
     if plan.num_nodes != N:
         raise ValueError(f"graph has {plan.num_nodes} nodes but gnn.num_nodes={N}")
-    if cfg.backend == "sparse_csr":
-        nnz = plan.csr_nnz if plan.csr_nnz is not None else E
-        row_cv = plan.csr_row_cv if plan.csr_row_cv is not None else plan.in_degree_cv
-        aggregate: list[KernelSpec] = [SpmmSpec(nnz, W, N, N, row_cv, dt, plan.csr_src_cv, plan.csr_src_read_share)]
-    else:
-        aggregate = [GatherSpec(E, W, N, plan.out_degree_cv, plan.src_sorted, dt)]
-        if cfg.kind == "gcn" and cfg.aggregation == "sum":
-            aggregate.append(ElementwiseSpec("scale", E * W, dt))
-        aggregate.append(ScatterSpec(E, W, N, cfg.aggregation, cfg.backend, plan.in_degree_cv, plan.dst_sorted, dt))
+    aggregate = gnn_backend(cfg.backend).aggregate_trace(cfg, plan)
     transform = GemmSpec(N, cfg.in_features, cfg.out_features, dt)
     relu = ElementwiseSpec("relu", N * cfg.out_features, dt)
     if cfg.kind == "gcn":
@@ -162,6 +155,7 @@ class GNNLayer(nn.Module):
     def __init__(self, cfg: GNNConfig, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.backend = gnn_backend(cfg.backend)  # aggregates (sim/backends/gnn.py)
         self.device = torch.device(device)
         gen = torch.Generator().manual_seed(seed)
         dtype = getattr(torch, cfg.dtype)
@@ -175,7 +169,8 @@ class GNNLayer(nn.Module):
         self.plan: GraphPlan | None = None
 
     def set_graph(self, edge_index: torch.Tensor) -> GraphPlan:
-        """Order edges, compute degrees, norms and (for sparse_csr) the CSR adjacency."""
+        """Order edges, compute degrees, norms and what the backend builds per graph
+        (``aggregation_state``: the CSR adjacency for sparse_csr)."""
         cfg = self.cfg
         N = cfg.num_nodes
         self.plan = GraphPlan.from_edge_index(edge_index, N, sorted_by_dst=cfg.edge_order == "dst_sorted")
@@ -183,7 +178,7 @@ class GNNLayer(nn.Module):
         in_deg = np.bincount(dst, minlength=N).astype(np.float64)
         out_deg = np.bincount(src, minlength=N).astype(np.float64)
         dtype = getattr(torch, cfg.dtype)
-        if cfg.aggregation == "sum" and cfg.kind == "gcn":  # symmetric normalisation per edge
+        if cfg.scales_messages:  # symmetric normalisation per edge
             norm = 1.0 / np.sqrt(np.maximum(out_deg[src], 1) * np.maximum(in_deg[dst], 1))
         elif cfg.aggregation == "mean":
             norm = 1.0 / np.maximum(in_deg[dst], 1)
@@ -192,22 +187,8 @@ class GNNLayer(nn.Module):
         self.src = torch.from_numpy(src).to(self.device)
         self.dst = torch.from_numpy(dst).to(self.device)
         self.edge_norm = torch.from_numpy(norm).to(self.device, dtype).unsqueeze(1)
-        if cfg.backend == "sparse_csr":
-            self.adjacency = csr_from_index(dst, src, N, N, torch.from_numpy(norm), dtype, self.device)
+        self.aggregation_state = self.backend.prepare_graph(src, dst, norm, N, dtype, self.device)
         return self.plan
-
-    def _aggregate(self, h: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        if cfg.backend == "sparse_csr":
-            with ops.kernel_scope("spmm"):
-                return ops.spmm(self.adjacency, h)
-        with ops.kernel_scope("gather"):
-            messages = ops.gather(h, self.src)
-        if cfg.kind == "gcn" and cfg.aggregation == "sum":
-            with ops.kernel_scope("elementwise"):
-                messages = ops.elementwise("scale", messages, self.edge_norm)
-        with ops.kernel_scope("scatter"):
-            return ops.scatter(messages, self.dst, cfg.num_nodes, reduce=cfg.aggregation, backend=cfg.backend)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -220,9 +201,9 @@ class GNNLayer(nn.Module):
         if cfg.kind == "gcn":
             with ops.kernel_scope("gemm"):
                 h = ops.gemm(x, self.weight)
-            out = self._aggregate(h)
+            out = self.backend.aggregate(self, h)
         else:
-            agg = self._aggregate(x)
+            agg = self.backend.aggregate(self, x)
             with ops.kernel_scope("gemm"):
                 h_self = ops.gemm(x, self.weight)
             with ops.kernel_scope("gemm"):

@@ -3,8 +3,9 @@
 A layer too large for the device used to calibrate for a minute, refit, and only then die
 allocating its weights, leaving rows for impossible shapes in the profile. Each estimate
 here is a lower bound from the tensor shapes the layers allocate (``numel x element
-size``; the shapes are those of ``MoELayer``, ``GNNLayer`` and ``MLP`` in this package):
-every weight that is alive at once, plus the activations of the largest point. If even
+size``; the shapes are those of ``MoELayer``, ``GNNLayer`` and ``MLP`` in this package, and
+what each layer backend declares it allocates, ``sim/backends``): every weight that is alive
+at once, plus the activations of the largest point. If even
 that exceeds ``DEVICE_MEMORY_SHARE`` of the device's memory
 (``costmodel.ceilings.device_memory_bytes``: GPU memory, or the host's MemTotal), the run
 is refused with the sizes and the keys that set them.
@@ -19,9 +20,11 @@ import torch
 
 from costmodel.ceilings import device_memory_bytes
 from costmodel.kernels import DTYPE_BYTES, INDEX_BYTES
+from sim.backends import gnn_backend, moe_backend
+from sim.backends.moe import expert_projections, hidden_maps
 from sim.gnn_layer import GNNConfig
 from sim.mlp_layer import MLPConfig
-from sim.moe_layer import MoEConfig, _expert_projections
+from sim.moe_layer import MoEConfig
 
 #: share of the device's memory a run may plan to use: the rest is for the framework, the
 #: operating system, the timing harness's cache-eviction buffers and allocator slack
@@ -53,28 +56,25 @@ def moe_need(cfg: MoEConfig, *, max_rows_per_expert: int | None = None) -> Memor
     b = DTYPE_BYTES[cfg.dtype]
     T, D, F, E, k = cfg.tokens, cfg.d_model, cfg.d_ff, cfg.num_experts, cfg.top_k
     A = T * k
-    proj = _expert_projections(cfg)
-    weights = b * (D * E + E * sum(kk * nn for kk, nn in proj))
-    hidden_maps = 4 if cfg.expert == "swiglu" else 2  # gate, up, silu(gate), product | first GEMM, gelu
+    backend = moe_backend(cfg.backend)
+    weights = b * (D * E + E * sum(kk * nn for kk, nn in expert_projections(cfg)))
     max_n = T if max_rows_per_expert is None else max(1, min(T, max_rows_per_expert))
-    rows = {"loop": max_n, "padded": E * max_n, "grouped": A}[cfg.backend]
-    act = b * (2 * T * D + T * E + 3 * A * D + hidden_maps * rows * F)  # x, out, logits; x_sorted, y, weighted
-    if cfg.backend == "padded":
-        act += b * 2 * rows * D  # the padded input and output buffers
+    rows = backend.hidden_rows(cfg, max_n)
+    act = b * (2 * T * D + T * E + 3 * A * D + hidden_maps(cfg) * rows * F)  # x, out, logits; x_sorted, y, weighted
+    act += b * backend.buffer_elements(cfg, max_n)  # e.g. the padded input and output buffers
     act += INDEX_BYTES * 4 * A  # expert ids, token ids, sort order, slots
     return MemoryNeed(float(weights), float(act))
 
 
 def gnn_need(cfg: GNNConfig, *, num_edges: int, graphs: int = 1) -> MemoryNeed:
     """``graphs`` layers of config ``cfg``, each bound to its own graph of ``num_edges`` edges
-    (edge index, per-edge norms and, for sparse_csr, the CSR adjacency stay alive), plus one
-    forward pass."""
+    (edge index, per-edge norms and what the backend builds per graph, e.g. the CSR
+    adjacency, stay alive), plus one forward pass."""
     b = DTYPE_BYTES[cfg.dtype]
     N, E, W = cfg.num_nodes, num_edges, cfg.agg_width
     gemms = 1 if cfg.kind == "gcn" else 2
     per_graph = INDEX_BYTES * 4 * E + b * E  # generator's edge index, the layer's src/dst, norms
-    if cfg.backend == "sparse_csr":
-        per_graph += (INDEX_BYTES + b) * E + INDEX_BYTES * (N + 1)
+    per_graph += gnn_backend(cfg.backend).graph_bytes(N, E, cfg.dtype)
     weights = b * gemms * cfg.in_features * cfg.out_features + graphs * per_graph
     act = b * (N * cfg.in_features + 3 * N * cfg.out_features + 2 * E * W)  # x, h, out, relu; messages, scaled
     return MemoryNeed(float(weights), float(act))

@@ -9,13 +9,9 @@ Forward pass (inference, no grad), every kernel in a ``kernel_scope``:
    (bincount) of expert loads, ``gather`` of token ids and gates in sorted order,
    ``gather`` of the token rows [A, D];
 3. experts, SwiGLU (HF Mixtral eager: down(silu(gate(x)) * up(x))) or a two-layer GELU
-   MLP, by backend:
-   - ``loop``: one ``gemm`` per projection per non-empty expert, as HF eager loops;
-   - ``padded``: ``scatter`` (index_copy) of the rows into a zeroed [E, max_n, D]
-     buffer, ``grouped_gemm`` impl=padded_bmm (``torch.bmm``), ``gather`` back out;
-     it pays for the busiest expert on every expert;
-   - ``grouped``: ``grouped_gemm`` impl=grouped_mm (``torch.nn.functional.grouped_mm``)
-     over the ragged groups;
+   MLP, run by the backend ``moe.backend`` names, a registered object in
+   ``sim/backends/moe.py`` (``loop``: one ``gemm`` per projection per non-empty expert;
+   ``padded``: a zero-padded ``torch.bmm``; ``grouped``: ``torch.nn.functional.grouped_mm``);
 4. combine: ``elementwise`` scale by the gates, ``scatter`` (index_add, sum) into [T, D].
 
 ``moe_trace`` lists the same kernels with the same shapes without running anything; the
@@ -36,7 +32,6 @@ from costmodel.kernels import (
     ElementwiseSpec,
     GatherSpec,
     GemmSpec,
-    GroupedGemmSpec,
     HistogramSpec,
     KernelSpec,
     ScatterSpec,
@@ -44,9 +39,17 @@ from costmodel.kernels import (
     SortSpec,
     TopkSpec,
 )
+from sim.backends.moe import (  # noqa: F401 (MOE_BACKENDS and padded_slots re-exported)
+    MOE_BACKENDS,
+    activation_specs,
+    expert_projections,
+    moe_backend,
+    padded_slots,
+)
 from sim.routing import Routing, check_routing_shape
 
-MOE_BACKENDS = ("loop", "padded", "grouped")
+# the former private names, still imported by sim.calibration
+_expert_projections, _activation_specs = expert_projections, activation_specs
 EXPERT_KINDS = ("swiglu", "mlp")
 
 
@@ -58,7 +61,7 @@ class MoEConfig:
     num_experts: int = 16  # E
     top_k: int = 2  # experts per token
     expert: str = "swiglu"  # swiglu (3 GEMMs, Mixtral) | mlp (2 GEMMs + GELU)
-    backend: str = "loop"  # loop | padded | grouped
+    backend: str = "loop"  # a registered backend (sim/backends/moe.py): loop | padded | grouped
     dtype: str = "float32"
 
     def __post_init__(self) -> None:
@@ -69,8 +72,7 @@ class MoEConfig:
                 raise ValueError(f"moe.{name} must be a positive integer (>= 1), got {value!r}")
         if self.expert not in EXPERT_KINDS:
             raise ValueError(f"moe.expert must be one of {list(EXPERT_KINDS)}, got {self.expert!r}")
-        if self.backend not in MOE_BACKENDS:
-            raise ValueError(f"moe.backend must be one of {list(MOE_BACKENDS)}, got {self.backend!r}")
+        moe_backend(self.backend)  # a ValueError naming moe.backend and the registered backends
 
     def useful_flops(self, assignments: int) -> float:
         """Router plus expert FLOPs per forward (2MKN per GEMM), ``assignments`` kept rows."""
@@ -80,12 +82,7 @@ class MoEConfig:
 
 def backend_unavailable_reason(cfg: MoEConfig, device: torch.device) -> str | None:
     """Why ``cfg.backend`` cannot run here, or None."""
-    if cfg.backend == "grouped":
-        for k, n in ((cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)):
-            reason = ops.grouped_mm_unavailable_reason(k, n, cfg.dtype, device)
-            if reason:
-                return reason
-    return None
+    return moe_backend(cfg.backend).unavailable_reason(cfg, device)
 
 
 # ----------------------------------------------------------------------------- dispatch plan
@@ -151,31 +148,7 @@ def check_expert_counts(counts: Sequence[int], *, tokens: int, top_k: int, num_e
     return tuple(out)
 
 
-def padded_slots(counts: Sequence[int]) -> np.ndarray:
-    """Row of each expert-sorted assignment in the [E * max_n] padded buffer."""
-    counts_a = np.asarray(counts, dtype=np.int64)
-    max_n = int(counts_a.max())
-    starts = np.cumsum(counts_a) - counts_a
-    return np.repeat(np.arange(counts_a.size, dtype=np.int64) * max_n - starts, counts_a) + np.arange(
-        int(counts_a.sum()), dtype=np.int64
-    )
-
-
 # ----------------------------------------------------------------------------- trace
-
-
-def _expert_projections(cfg: MoEConfig) -> list[tuple[int, int]]:
-    """(K, N) of each expert GEMM in execution order."""
-    if cfg.expert == "swiglu":
-        return [(cfg.d_model, cfg.d_ff), (cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)]
-    return [(cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)]
-
-
-def _activation_specs(cfg: MoEConfig, rows: int) -> list[KernelSpec]:
-    numel = rows * cfg.d_ff
-    if cfg.expert == "swiglu":
-        return [ElementwiseSpec("silu", numel, cfg.dtype), ElementwiseSpec("mul", numel, cfg.dtype)]
-    return [ElementwiseSpec("gelu", numel, cfg.dtype)]
 
 
 def moe_trace(cfg: MoEConfig, plan: DispatchPlan) -> list[KernelSpec]:
@@ -191,25 +164,7 @@ def moe_trace(cfg: MoEConfig, plan: DispatchPlan) -> list[KernelSpec]:
         GatherSpec(A, 1, A, 0.0, False, dt),  # gate of each sorted assignment
         GatherSpec(A, D, T, plan.token_hit_cv, False, dt),  # token rows
     ]
-    proj = _expert_projections(cfg)
-    if cfg.backend == "loop":
-        for n_e in plan.counts:
-            if n_e == 0:
-                continue
-            trace += [GemmSpec(n_e, kk, nn_, dt) for kk, nn_ in proj[:-1]]
-            trace += _activation_specs(cfg, n_e)
-            trace.append(GemmSpec(n_e, *proj[-1], dt))
-    else:
-        impl = "padded_bmm" if cfg.backend == "padded" else "grouped_mm"
-        rows = plan.padded_rows if cfg.backend == "padded" else A
-        if cfg.backend == "padded":
-            trace.append(ScatterSpec(A, D, rows, "copy", "index_copy", 0.0, True, dt))
-        trace += [GroupedGemmSpec(plan.counts, kk, nn_, impl, dt) for kk, nn_ in proj[:-1]]
-        trace += _activation_specs(cfg, rows)
-        trace.append(GroupedGemmSpec(plan.counts, *proj[-1], impl, dt))
-        if cfg.backend == "padded":
-            filled = A / rows  # slots read once each, the rest never: hit-count CV sqrt((1-f)/f)
-            trace.append(GatherSpec(A, D, rows, round(((1 - filled) / filled) ** 0.5, 3), True, dt))
+    trace += moe_backend(cfg.backend).expert_trace(cfg, plan)
     trace += [
         ElementwiseSpec("scale", A * D, dt),
         ScatterSpec(A, D, T, "sum", "index_add", plan.token_hit_cv, False, dt),
@@ -226,6 +181,7 @@ class MoELayer(nn.Module):
     def __init__(self, cfg: MoEConfig, *, device: torch.device | str = "cpu", seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
+        self.backend = moe_backend(cfg.backend)  # runs the experts (sim/backends/moe.py)
         gen = torch.Generator().manual_seed(seed)
         dtype = getattr(torch, cfg.dtype)
         D, E = cfg.d_model, cfg.num_experts
@@ -236,9 +192,10 @@ class MoELayer(nn.Module):
 
         self.router = init(D, E, fan_in=D)
         # one [E, K, N] stack per projection: per-expert slices for the loop, whole for bmm/grouped_mm
-        self.projections = nn.ParameterList([init(E, kk, nn_, fan_in=kk) for kk, nn_ in _expert_projections(cfg)])
+        self.projections = nn.ParameterList([init(E, kk, nn_, fan_in=kk) for kk, nn_ in expert_projections(cfg)])
 
-    def _activation(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+    def expert_activation(self, hidden: list[torch.Tensor]) -> torch.Tensor:
+        """The activation between an expert's projections (what the backends call)."""
         if self.cfg.expert == "swiglu":
             with ops.kernel_scope("elementwise"):
                 a = ops.elementwise("silu", hidden[0])
@@ -276,12 +233,7 @@ class MoELayer(nn.Module):
         with ops.kernel_scope("gather"):
             x_sorted = ops.gather(x, token_idx)
         counts_list = counts.tolist()  # host needs the group sizes (a device sync on GPUs)
-        if cfg.backend == "loop":
-            y_sorted = self._experts_loop(x_sorted, counts_list)
-        elif cfg.backend == "padded":
-            y_sorted = self._experts_padded(x_sorted, counts_list)
-        else:
-            y_sorted = self._experts_grouped(x_sorted, counts_list)
+        y_sorted = self.backend.run_experts(self, x_sorted, counts_list)
         with ops.kernel_scope("elementwise"):
             weighted = ops.elementwise("scale", y_sorted, gates_sorted.unsqueeze(1))
         with ops.kernel_scope("scatter"):
@@ -301,50 +253,3 @@ class MoELayer(nn.Module):
             cache = (routing, (tensors[0], tensors[1], gate_t))
             self._routing_cache = cache
         return cache[1]
-
-    def _experts_loop(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        y = torch.empty(x_sorted.shape[0], self.cfg.d_model, dtype=x_sorted.dtype, device=x_sorted.device)
-        start = 0
-        *first, last = self.projections
-        for e, n_e in enumerate(counts):
-            if n_e == 0:
-                continue
-            rows = x_sorted[start : start + n_e]
-            hidden = []
-            for w in first:
-                with ops.kernel_scope("gemm"):
-                    hidden.append(ops.gemm(rows, w[e]))
-            act = self._activation(hidden)
-            with ops.kernel_scope("gemm"):
-                torch.matmul(act, last[e], out=y[start : start + n_e])
-            start += n_e
-        return y
-
-    def _experts_padded(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        E, D = self.cfg.num_experts, self.cfg.d_model
-        max_n = max(counts)
-        slots = torch.from_numpy(padded_slots(counts)).to(x_sorted.device)
-        with ops.kernel_scope("scatter"):
-            x_pad = ops.scatter(x_sorted, slots, E * max_n, reduce="copy", backend="index_copy").view(E, max_n, D)
-        *first, last = self.projections
-        hidden = []
-        for w in first:
-            with ops.kernel_scope("grouped_gemm"):
-                hidden.append(ops.grouped_padded_bmm(x_pad, w))
-        act = self._activation(hidden)
-        with ops.kernel_scope("grouped_gemm"):
-            y_pad = ops.grouped_padded_bmm(act, last)
-        with ops.kernel_scope("gather"):
-            return ops.gather(y_pad.view(E * max_n, D), slots)
-
-    def _experts_grouped(self, x_sorted: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        # int32 on the host, then moved: no int64 -> int32 conversion kernel in the forward pass
-        offsets = torch.from_numpy(np.cumsum(counts, dtype=np.int32)).to(x_sorted.device)
-        *first, last = self.projections
-        hidden = []
-        for w in first:
-            with ops.kernel_scope("grouped_gemm"):
-                hidden.append(ops.grouped_mm(x_sorted, w, offsets))
-        act = self._activation(hidden)
-        with ops.kernel_scope("grouped_gemm"):
-            return ops.grouped_mm(act, last, offsets)

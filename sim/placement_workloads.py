@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from costmodel.kernels import DTYPE_BYTES, INDEX_BYTES, KernelSpec
+from sim.backends import gnn_backend
 from sim.calibration import TaggedSpecs, gemm_suite, gnn_suite, moe_suite, small_op_suite
 from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, gnn_trace
 from sim.graphs import degree_stats, rmat
@@ -122,8 +123,7 @@ def gnn_workload(name: str, *, num_nodes: int, num_edges: int, width: int, rmat_
     stats = degree_stats(edge_index, num_nodes)
     el = DTYPE_BYTES[dtype]
     resident = el * (num_nodes * width + width * width * (2 if kind == "sage" else 1) + num_edges) + 2 * num_edges * INDEX_BYTES
-    if backend == "sparse_csr":
-        resident += num_edges * (el + INDEX_BYTES) + (num_nodes + 1) * INDEX_BYTES
+    resident += gnn_backend(backend).graph_bytes(num_nodes, num_edges, dtype)  # e.g. the CSR adjacency
     cvs = (min(stats["degree_cv"], stats["out_degree_cv"]), max(stats["degree_cv"], stats["out_degree_cv"]))
     return Workload(name, tuple(trace), footprint_bytes(resident, trace),
                     GNNFactory(cfg, edge_index.numpy().copy(), cvs, seed), {
