@@ -20,7 +20,7 @@ import torch
 
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, measure_interleaved
+from experiments.common import add_errors, console, measure_interleaved
 from experiments.workloads import Pairing, scored_tables
 from sim.api import predict_captured
 from sim.capture import CapturedTrace
@@ -57,21 +57,34 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
 
     traces = [w.captured.kernels() for w in workloads]
     jobs = kernel_jobs(traces, device, cold=timing.cold_cache) if pairing else []
+    hrefs = list(heldout.references) if heldout is not None else []  # held-out drift references
     n = len(workloads)
+    first_kernel = n + len(hrefs)
+    held_refs = list(range(n, first_kernel))
+    companions = ({i: ks + held_refs for i, ks in layer_kernel_jobs(traces, first_kernel).items()} if jobs else
+                  {i: held_refs for i in range(n)})
     start = time.perf_counter()
-    timed = measure_interleaved([w.run for w in workloads] + jobs, device=device, timing=timing,
-                                description=description, progress=progress,
-                                evict=[timing.cold_cache] * n + [False] * len(jobs),
-                                order=paired_order(traces, n) if jobs else None,
-                                watch=range(n), companions=layer_kernel_jobs(traces, n) if jobs else None)
+    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in hrefs] + jobs, device=device,
+                                timing=timing, description=description, progress=progress,
+                                evict=[timing.cold_cache] * n + [False] * (len(hrefs) + len(jobs)),
+                                order=paired_order(traces, first_kernel) if jobs else None,
+                                watch=range(n), companions=companions)
     wall_s = time.perf_counter() - start
     measured = pd.DataFrame(timed[:n]).drop(columns="rounds")
     lookup = add_errors(pd.concat([_predicted_rows(model, workloads), measured], axis=1))
     replay = (None if pairing is None else
-              pairing.finish(model, jobs, timed[n:], lambda m: _predicted_rows(m, workloads), measured, wall_s))
-    held = (None if heldout is None else
-            add_errors(pd.concat([_predicted_rows(heldout.model, workloads), measured], axis=1)))
-    df = scored_tables(lookup, replay, held, heldout)
+              pairing.finish(model, jobs, timed[first_kernel:], lambda m: _predicted_rows(m, workloads), measured,
+                             wall_s))
+    held = uncorrected = None
+    if heldout is not None:
+        from sim.heldout_drift import family_drift  # noqa: PLC0415
+
+        uncorrected = add_errors(pd.concat([_predicted_rows(heldout.model, workloads), measured], axis=1))
+        heldout.drift = family_drift(hrefs, [t["measured_s"] for t in timed[n:first_kernel]])
+        console.print(heldout.drift.describe())
+        held = add_errors(pd.concat([_predicted_rows(heldout.model, workloads, heldout.drift.factor), measured],
+                                    axis=1))
+    df = scored_tables(lookup, replay, held, heldout, heldout_uncorrected=uncorrected)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     coverage = []
@@ -85,10 +98,11 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     return df
 
 
-def _predicted_rows(model: CostModel, workloads: Sequence[CapturedWorkload]) -> pd.DataFrame:
+def _predicted_rows(model: CostModel, workloads: Sequence[CapturedWorkload],
+                    l3_factor: Callable[[str], float] | None = None) -> pd.DataFrame:
     rows = []
     for w in workloads:
-        pred = predict_captured(w.captured, model)
+        pred = predict_captured(w.captured, model, l3_factor=l3_factor)
         counts = w.captured.counts()
         rows.append({
             "label": w.label, **w.columns, "flops": pred.flops,

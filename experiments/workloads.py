@@ -22,7 +22,7 @@ from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
 from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
 from sim.calibration import DriftReference, drift_summary
-from sim.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
+from sim.simulator import cold_call_extra_s, per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 
 
 @dataclass
@@ -41,10 +41,18 @@ class Workload:
         return float(sum(s.bytes_moved() for s in self.trace))
 
 
-def predict_workloads(model: CostModel, workloads: Sequence[Workload]) -> pd.DataFrame:
+def predict_workloads(model: CostModel, workloads: Sequence[Workload],
+                      l3_factor: Callable[[str], float] | None = None) -> pd.DataFrame:
+    """Every level's prediction of every workload; ``l3_factor`` (family -> factor, the
+    held-out drift of ``sim.heldout_drift``) multiplies each kernel's L3 time, not its
+    cold-call overhead."""
     rows = []
     for w in workloads:
         pred = predict_trace(model, w.trace, quiet=True)
+        if l3_factor is not None and len(pred):
+            extra = cold_call_extra_s(model, "L3")
+            factor = pred["family"].map(l3_factor).to_numpy(dtype=np.float64)
+            pred["L3"] = (pred["L3"] - extra) * factor + extra
         rows.append({"label": w.label, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
                      "kernels": len(w.trace), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS}})
     return pd.DataFrame(rows)
@@ -108,8 +116,11 @@ def heldout_for(rt: Any, model: CostModel, traces: Sequence[Sequence[KernelSpec]
     measuring rounds, on the profile without any kernel of ``traces``), announced."""
     from sim.heldout import fit_heldout  # noqa: PLC0415
 
+    from sim.heldout_drift import build_references  # noqa: PLC0415
+
     heldout = fit_heldout(rt.open_profile(), model, traces, what=what)
     console.print(heldout.describe())
+    heldout.references = build_references(heldout, traces, rt.device, cold=rt.timing.cold_cache)
     return heldout
 
 
@@ -147,20 +158,26 @@ def evaluate_workloads(
 
     predicted = predict_workloads(model, workloads)
     refs = [] if pairing is not None else list(references)
+    # the held-out drift references (never a kernel of the traces), after the profile's
+    hrefs = list(heldout.references) if heldout is not None else []
     traces = [w.trace for w in workloads]
     jobs = kernel_jobs(traces, device, cold=timing.cold_cache) if pairing is not None else []
     chain = cold_chain_jobs(model, device, timing) if pairing is not None else []
     n = len(workloads)
-    first_kernel = n + len(refs) + len(chain)
-    # an extra round re-times a noisy layer with what its check is made of: its own kernels
-    # (paired) or the drift references
-    companions = (layer_kernel_jobs(traces, first_kernel) if jobs else
-                  {i: list(range(n, n + len(refs))) for i in range(n)})
+    first_ref = n + len(refs)
+    first_chain = first_ref + len(hrefs)
+    first_kernel = first_chain + len(chain)
+    # an extra round re-times a noisy layer with what its checks are made of: its own kernels
+    # (paired) or the drift references, and the held-out references
+    held_refs = list(range(first_ref, first_chain))
+    companions = ({i: ks + held_refs for i, ks in layer_kernel_jobs(traces, first_kernel).items()} if jobs else
+                  {i: list(range(n, first_chain)) for i in range(n)})
     start = time.perf_counter()
-    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + [job for job, _ in chain] + jobs,
+    timed = measure_interleaved([w.run for w in workloads] + [r.run for r in refs] + [r.run for r in hrefs]
+                                + [job for job, _ in chain] + jobs,
                                 device=device, timing=timing, description=description, progress=progress,
-                                evict=[timing.cold_cache] * n + [False] * len(refs) + [evict for _, evict in chain]
-                                + [False] * len(jobs),
+                                evict=[timing.cold_cache] * n + [False] * (len(refs) + len(hrefs))
+                                + [evict for _, evict in chain] + [False] * len(jobs),
                                 order=paired_order(traces, first_kernel) if jobs else None,
                                 watch=range(n), companions=companions)
     wall_s = time.perf_counter() - start
@@ -169,10 +186,17 @@ def evaluate_workloads(
     replay = None
     if pairing is not None:
         replay = pairing.finish(model, jobs, timed[first_kernel:], lambda m: predict_workloads(m, workloads), measured,
-                                wall_s, chain_timed=timed[n + len(refs):first_kernel])
-    held = (None if heldout is None else
-            add_errors(pd.concat([predict_workloads(heldout.model, workloads), measured], axis=1)))
-    df = scored_tables(lookup, replay, held, heldout)
+                                wall_s, chain_timed=timed[first_chain:first_kernel])
+    held = uncorrected = None
+    if heldout is not None:
+        from sim.heldout_drift import family_drift  # noqa: PLC0415
+
+        uncorrected = add_errors(pd.concat([predict_workloads(heldout.model, workloads), measured], axis=1))
+        heldout.drift = family_drift(hrefs, [t["measured_s"] for t in timed[first_ref:first_chain]])
+        console.print(heldout.drift.describe())
+        held = add_errors(pd.concat([predict_workloads(heldout.model, workloads, heldout.drift.factor), measured],
+                                    axis=1))
+    df = scored_tables(lookup, replay, held, heldout, heldout_uncorrected=uncorrected)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
@@ -196,23 +220,26 @@ def ape_summary(df: pd.DataFrame) -> dict[str, Any]:
 
 
 #: the scorings kept beside the headline: (name in summary.json details, column prefix)
-SIDE_SCORES = (("profile_lookup", "lookup"), ("replay", "replay"))
+SIDE_SCORES = (("profile_lookup", "lookup"), ("replay", "replay"), ("heldout_uncorrected", "heldout_uncorrected"))
 
 
 def scored_tables(lookup: pd.DataFrame, replay: pd.DataFrame | None, heldout_table: pd.DataFrame | None,
-                  heldout: Any = None) -> pd.DataFrame:
+                  heldout: Any = None, *, heldout_uncorrected: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline table with the other scorings beside it.
 
     The headline is held out where a held-out fit was made, else the replay (paired runs),
     else the lookup, and ``attrs["scoring"]`` says which. Each of lookup and replay adds
     ``pred_<prefix>_L3_s`` and ``ape_<prefix>_L3_pct`` columns and its error summary
     (``ape_summary``) under ``attrs[<name>]``; ``attrs["heldout"]`` describes the held-out
-    fit (``{"scored": false}`` without one)."""
+    fit (``{"scored": false}`` without one); ``heldout_uncorrected`` (the held-out
+    predictions before the drift correction of ``sim.heldout_drift``) adds
+    ``pred_heldout_uncorrected_L3_s`` / ``ape_heldout_uncorrected_L3_pct`` and
+    ``attrs["heldout_uncorrected"]``."""
     headline = heldout_table if heldout_table is not None else replay if replay is not None else lookup
     df = headline.copy()
     df.attrs = {}
     df.attrs["scoring"] = "held-out" if heldout_table is not None else "replay" if replay is not None else "lookup"
-    for (name, prefix), table in zip(SIDE_SCORES, (lookup, replay)):
+    for (name, prefix), table in zip(SIDE_SCORES, (lookup, replay, heldout_uncorrected)):
         if table is None:
             continue
         df[f"pred_{prefix}_L3_s"] = table["pred_L3_s"].to_numpy()

@@ -45,7 +45,7 @@ from sim.capture import CapturedTrace, capture_trace, capture_training_step
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
 from sim.routing import Routing
-from sim.simulator import measure_callable, predict_trace
+from sim.simulator import cold_call_extra_s, measure_callable, predict_trace
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +241,13 @@ def _warn_not_modelled(fallback: Sequence[Any]) -> None:
                       "is a lower bound. They are listed in the prediction's `unmapped` table", stacklevel=3)
 
 
-def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[str] = LEVELS) -> LayerPrediction:
+def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[str] = LEVELS, *,
+                     l3_factor: Callable[[str], float] | None = None) -> LayerPrediction:
     """Predict every op of a captured trace: mapped kernels by the cost model, unmapped ops
     by the roofline fallback (ideal bytes / measured bandwidth + per-call overhead, the same
-    at every level; plus the cold-call overhead on a cold-cache profile, as ``predict_trace``)."""
+    at every level; plus the cold-call overhead on a cold-cache profile, as ``predict_trace``).
+    ``l3_factor`` (family -> factor: the held-out drift of ``sim.heldout_drift``) multiplies
+    each mapped kernel's L3 time, not its cold-call overhead."""
     model = _check_model(model)
     _check_dtypes(trace.float_dtypes(), model, "the captured trace")
     ops = trace.predicted_ops()
@@ -259,6 +262,9 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
             "then `python -m costmodel fit`"
         )
     kernels = predict_trace(model, [op.spec for op in mapped], levels, quiet=True)  # type: ignore[misc]
+    if l3_factor is not None and "L3" in levels and len(kernels):
+        extra = cold_call_extra_s(model, "L3")
+        kernels["L3"] = (kernels["L3"] - extra) * kernels["family"].map(l3_factor).to_numpy(dtype=np.float64) + extra
     kernels.insert(0, "aten_op", [op.aten_op for op in mapped])
     kernels.insert(1, "phase", [op.phase for op in mapped])
     kernels["modelled"] = True

@@ -65,12 +65,19 @@ class HeldOut:
     rows: int  # kernels the held-out models were fitted on
     fit_s: float  # wall time of the fit
     family_rows: dict[str, int] = field(default_factory=dict)  # per family of the traces: rows fitted on
+    table: pd.DataFrame | None = None  # the kernel table fitted on (no kernel of the traces)
+    references: list[Any] = field(default_factory=list)  # sim.heldout_drift.HeldOutReference, timed with the layers
+    drift: Any = None  # sim.heldout_drift.FamilyDrift, once the references were timed
 
     def to_dict(self) -> dict[str, Any]:
-        return {"scored": True, "excluded_kernels": self.excluded_kernels, "excluded_profile_rows": self.excluded_rows,
-                "fitted_rows": self.rows, "fit_s": round(self.fit_s, 2), "family_rows": dict(self.family_rows),
-                "ceilings": "as loaded, before the run", "lookup": False,
-                "ignored_refresh_policies": list(IGNORED_REFRESH_POLICIES)}
+        out = {"scored": True, "excluded_kernels": self.excluded_kernels, "excluded_profile_rows": self.excluded_rows,
+               "fitted_rows": self.rows, "fit_s": round(self.fit_s, 2), "family_rows": dict(self.family_rows),
+               "ceilings": "as loaded, before the run", "lookup": False,
+               "ignored_refresh_policies": list(IGNORED_REFRESH_POLICIES)}
+        if self.drift is not None:
+            out["drift"] = self.drift.to_dict()
+            out["drift"]["reference_kernels"] = [r.key for r in self.references]
+        return out
 
     def describe(self) -> str:
         return (f"held-out models: refitted in {self.fit_s:.1f} s on {self.rows} profiled kernels, leaving out the "
@@ -136,7 +143,7 @@ def fit_heldout(profile: DeviceProfile, as_loaded: CostModel, traces: Sequence[S
     model.freshness = dict(getattr(as_loaded, "freshness", {}) or {})
     counts = table["family"].value_counts().to_dict()
     return HeldOut(model, excluded_kernels=len(keys), excluded_rows=excluded, rows=int(len(table)), fit_s=fit_s,
-                   family_rows={f: int(counts.get(f, 0)) for f in sorted(families)})
+                   family_rows={f: int(counts.get(f, 0)) for f in sorted(families)}, table=table)
 
 
 # ----------------------------------------------------------------------------- neighbours
