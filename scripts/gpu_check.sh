@@ -56,15 +56,11 @@ if [ "$DRY_RUN" = "1" ]; then
   COMMON=(device=cpu dtype=float32 "profile.root=$WORK/profiles"
           timing.min_run_time_s=0.006 timing.min_runs=3 timing.rounds=1 timing.retries=0 timing.layer_min_calls=3)
   BENCH=(suite=tiny bench.progress=false)
-  declare -A SIZES=(
-    [moe_skew]="moe.tokens=64 moe.d_model=32 moe.d_ff=32 moe.num_experts=4 moe.top_k=2 routing.sweep.values=[0.0,3.0] per_kernel.iterations=2"
-    [gnn_degree]="gnn.num_nodes=512 gnn.num_edges=2048 gnn.in_features=8 gnn.out_features=8 gnn.backends=[index_add,sparse_csr] graph.sweep.values=[0.25,0.6] per_kernel.iterations=2"
-    [gemm_same_flops]="gemm.max_operand_bytes=1048576 gemm.flops_levels=[1.0]"
-    [mlp_batch]="mlp.d_model=32 mlp.d_hidden=64 mlp.batches=[1,8]"
-    [moe_design]="design.tokens=[16,64] design.d_model=[32] design.ffn_mult=1 design.num_experts=[4] design.top_k=[1,2] design.anchor.tokens=64 design.anchor.d_model=32 design.anchor.num_experts=4 sample.points=3"
-    [hf_moe]="hf_moe.models=[mixtral] hf_moe.implementations=[eager,grouped_mm] hf_moe.tokens=16 hf_moe.hidden_size=32 hf_moe.intermediate_size=32 hf_moe.shared_expert_intermediate_size=32 hf_moe.num_experts=4 hf_moe.top_k=2 hf_moe.whole_model.layers=1 hf_moe.whole_model.vocab_size=64 hf_moe.whole_model.heads=2 hf_moe.whole_model.kv_heads=1 routing.sweep.values=[0.0,3.0] coverage.iterations=1"
-    [pyg_conv]="pyg.num_nodes=256 pyg.num_edges=1024 pyg.in_features=8 pyg.hidden_features=8 pyg.out_features=8 graph.sweep.values=[0.25,0.6] coverage.iterations=1"
-  )
+  # the tiny sizes of each experiment: conf/tiny/NAME.yaml (the tests' tiny forms), selected as +tiny=NAME
+  declare -A SIZES=()
+  for tiny in conf/tiny/*.yaml; do
+    exp=$(basename "$tiny" .yaml); SIZES[$exp]="+tiny=$exp"
+  done
 else
   COMMON=("${GPU_COMMON[@]}")
   BENCH=("${GPU_BENCH[@]}")

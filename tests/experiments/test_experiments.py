@@ -16,30 +16,9 @@ SUMMARY_KEYS = {"experiment", "device", "n_points", "noise_cv_pct", "median_ape_
                 "spearman", "details"}
 
 TINY_TIMING = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=1", "timing.retries=0", "timing.layer_min_calls=3", "progress=false"]
-TINY = {
-    "moe_skew": ["moe.tokens=64", "moe.d_model=32", "moe.d_ff=32", "moe.num_experts=4", "moe.top_k=2",
-                 "routing.sweep.values=[0.0,3.0]", "per_kernel.iterations=2"],
-    "gnn_degree": ["gnn.num_nodes=512", "gnn.num_edges=2048", "gnn.in_features=8", "gnn.out_features=8",
-                   "gnn.backends=[index_add,sparse_csr]", "graph.sweep.values=[0.25,0.6]", "per_kernel.iterations=2"],
-    "gemm_same_flops": ["gemm.max_operand_bytes=1048576", "gemm.flops_levels=[1.0]"],
-    "mlp_batch": ["mlp.d_model=32", "mlp.d_hidden=64", "mlp.batches=[1,8]"],
-    "flops_spectrum": ["spectrum.dense_mlp.batch=16", "spectrum.dense_mlp.sizes=[[16,32],[32,64]]",
-                       "spectrum.small_batch_mlp.d_model=32", "spectrum.small_batch_mlp.d_hidden=64",
-                       "spectrum.small_batch_mlp.batches=[1,2]", "spectrum.moe.tokens=[32,64]", "spectrum.moe.d_model=16",
-                       "spectrum.moe.d_ff=16", "spectrum.moe.num_experts=4", "spectrum.gnn.num_nodes=256",
-                       "spectrum.gnn.edges=[1024,2048]", "spectrum.gnn.width=8"],
-    "placement": ["placement_mix=tiny", "placement.repeats=2"],
-    "roofline": [],
-    "moe_design": ["design.tokens=[16,64]", "design.d_model=[32]", "design.ffn_mult=1", "design.num_experts=[4]",
-                   "design.top_k=[1,2]", "design.anchor.tokens=64", "design.anchor.d_model=32",
-                   "design.anchor.num_experts=4", "sample.points=3"],
-    "hf_moe": ["hf_moe.models=[mixtral]", "hf_moe.implementations=[eager,grouped_mm]", "hf_moe.tokens=16", "hf_moe.hidden_size=32", "hf_moe.intermediate_size=32",
-               "hf_moe.shared_expert_intermediate_size=32", "hf_moe.num_experts=4", "hf_moe.top_k=2",
-               "hf_moe.whole_model.layers=1", "hf_moe.whole_model.vocab_size=64", "hf_moe.whole_model.heads=2",
-               "hf_moe.whole_model.kv_heads=1", "routing.sweep.values=[0.0,3.0]", "coverage.iterations=1"],
-    "pyg_conv": ["pyg.num_nodes=256", "pyg.num_edges=1024", "pyg.in_features=8", "pyg.hidden_features=8",
-                 "pyg.out_features=8", "graph.sweep.values=[0.25,0.6]", "coverage.iterations=1"],
-}
+#: each experiment's tiny form: the config group conf/tiny/NAME.yaml, selected with +tiny=NAME
+#: (scripts/gpu_check.sh's CPU dry run selects the same files)
+TINY = {p.stem: [f"+tiny={p.stem}"] for p in sorted(Path(CONF, "tiny").glob("*.yaml"))}
 
 
 def _cfg(name: str, profile_root: Path, *extra: str):
