@@ -48,6 +48,23 @@ class ExpertPlacement:
     slot_expert: np.ndarray  # [S] logical expert held by each slot
     slot_rank: np.ndarray  # [S] rank holding each slot
 
+    def __post_init__(self) -> None:
+        E, W = self.num_experts, self.world_size
+        experts, ranks = np.asarray(self.slot_expert), np.asarray(self.slot_rank)
+        if experts.ndim != 1 or experts.shape != ranks.shape or experts.dtype.kind not in "iu" \
+                or ranks.dtype.kind not in "iu":
+            raise ValueError(f"placement.slot_expert and placement.slot_rank must be integer arrays of one shape [S], "
+                             f"got {experts.dtype} {list(experts.shape)} and {ranks.dtype} {list(ranks.shape)}")
+        if experts.size and (experts.min() < 0 or experts.max() >= E):
+            raise ValueError(f"placement.slot_expert must be in [0, moe.num_experts={E}), "
+                             f"got values {experts.min()}..{experts.max()}")
+        if ranks.size and (ranks.min() < 0 or ranks.max() >= W):
+            raise ValueError(f"placement.slot_rank must be in [0, ep.world_size={W}), got values {ranks.min()}..{ranks.max()}")
+        missing = np.setdiff1d(np.arange(E), experts)
+        if missing.size:
+            raise ValueError(f"placement.slot_expert must hold every expert in [0, moe.num_experts={E}) at least once, "
+                             f"missing {missing.tolist()}")
+
     @property
     def num_slots(self) -> int:
         return int(self.slot_expert.size)

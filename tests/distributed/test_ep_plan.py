@@ -172,3 +172,16 @@ def test_a_placement_for_another_shape_is_refused():
     with pytest.raises(ValueError, match=re.escape("placement is for 4 experts on 4 ranks; the plan has "
                                                    "moe.num_experts=4, ep.world_size=2")):
         plan_expert_parallel(CFG, IDS, world_size=2, placement=place)
+
+
+@pytest.mark.parametrize("slot_expert, slot_rank, message", [
+    ([0, 1, 2], [0, 1, 0], "placement.slot_expert must hold every expert in [0, moe.num_experts=4) at least once, "
+                           "missing [3]"),
+    ([0, 1, 2, 4], [0, 1, 0, 1], "placement.slot_expert must be in [0, moe.num_experts=4), got values 0..4"),
+    ([0, 1, 2, 3], [0, 1, 0, 2], "placement.slot_rank must be in [0, ep.world_size=2), got values 0..2"),
+    ([0, 1, 2, 3], [0, 1, 0], "placement.slot_expert and placement.slot_rank must be integer arrays of one shape [S], "
+                              "got int64 [4] and int64 [3]"),
+])
+def test_a_hand_built_placement_is_checked(slot_expert, slot_rank, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ExpertPlacement("load_aware", 4, 2, np.array(slot_expert), np.array(slot_rank))
