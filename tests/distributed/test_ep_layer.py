@@ -1,0 +1,134 @@
+"""The expert-parallel layer on two gloo processes computes the single-device layer's output;
+the launcher reports failures and never waits past its timeout."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from sim.distributed.ep_layer import EPMoELayer, run_ep_forward
+from sim.distributed.ep_plan import plan_expert_parallel
+from sim.distributed.launch import EPTimeoutError, EPWorkerError, run_ep
+from sim.distributed.step_timing import time_step
+from sim.moe_layer import MoEConfig, MoELayer
+from sim.routing import Routing, UniformRouting, ZipfRouting, route
+
+from ep_probes import fail_on_rank_1, sleep  # tests/distributed/ep_probes.py: light for spawned ranks
+
+CFG = MoEConfig(tokens=48, d_model=16, d_ff=32, num_experts=4, top_k=2)
+SEED = 3
+
+
+def _routing(generator) -> Routing:
+    return route(generator, tokens=CFG.tokens, num_experts=CFG.num_experts, top_k=CFG.top_k, seed=1)
+
+
+def _kept_by(plan, routing: Routing) -> Routing:
+    """The routing the single-device layer needs to compute what the plan dispatched."""
+    return Routing(routing.expert_ids, routing.gates, plan.assignment_slot >= 0, routing.num_experts)
+
+
+@pytest.fixture(scope="module")
+def ep_run():
+    """One launch of W=2 processes for every case (each launch costs two torch imports)."""
+    skewed, uniform = _routing(ZipfRouting(2.0)), _routing(UniformRouting())
+    cases = [
+        (plan_expert_parallel(CFG, skewed, world_size=2, placement="contiguous"), skewed),
+        (plan_expert_parallel(CFG, uniform, world_size=2, placement="round_robin"), uniform),
+        (plan_expert_parallel(CFG, skewed, world_size=2, placement="load_aware", capacity_factor=1.0), skewed),
+    ]
+    x = np.random.default_rng(0).standard_normal((CFG.tokens, CFG.d_model)).astype(np.float32)
+    start = time.monotonic()
+    out = run_ep_forward(CFG, cases, x, world_size=2, seed=SEED, time_repeats=3, timeout_s=120)
+    return {"cases": cases, "x": x, "out": out, "wall_s": time.monotonic() - start}
+
+
+@pytest.mark.parametrize("case", [0, 1, 2], ids=["skewed-contiguous", "uniform-round_robin", "skewed-load_aware-drops"])
+def test_ep_layer_equals_the_single_device_layer(ep_run, case):
+    plan, routing = ep_run["cases"][case]
+    reference = MoELayer(CFG, seed=SEED)(torch.from_numpy(ep_run["x"]), _kept_by(plan, routing))
+    torch.testing.assert_close(torch.from_numpy(ep_run["out"]["outputs"][case]), reference)
+
+
+def test_the_cases_are_what_they_claim(ep_run):
+    skewed, uniform, aware = (plan for plan, _ in ep_run["cases"])
+    assert skewed.rank_rows.max() / skewed.rank_rows.mean() > 1.3  # Zipf(2) on contiguous blocks
+    assert uniform.skew_share < 0.1
+    assert aware.placement.num_slots == 6 and aware.dropped > 0  # replicas and capacity drops
+    assert (aware.dispatch_rows * (1 - np.eye(2, dtype=int))).sum() > 0  # rows cross ranks
+
+
+def test_step_time_is_the_slowest_rank_on_every_rank(ep_run):
+    rank0, rank1 = ep_run["out"]["steps"]
+    assert len(rank0.times_s) == 3 and rank0.times_s == rank1.times_s  # all_reduce MAX: one number
+    assert all(0 < t < ep_run["wall_s"] for t in rank0.times_s)
+    assert rank0.spec["world_size"] == 2 and rank0.spec["backend"] == "gloo" and rank0.threads == 1
+
+
+def test_the_launch_says_how_ranks_were_pinned(ep_run):
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    expected = (f"rank r pinned to core {cores[:2]}[r]" if len(cores) >= 2
+                else f"not pinned: {len(cores)} cores available for world_size=2")
+    assert ep_run["out"]["note"] == expected
+
+
+def test_a_failing_rank_is_reported_and_its_blocked_peer_terminated():
+    start = time.monotonic()
+    with pytest.raises(EPWorkerError, match=r"(?s)^rank 1 of world_size=2 failed:\n.*ValueError: rank 1 broke on purpose"):
+        run_ep(2, fail_on_rank_1, timeout_s=60)
+    assert time.monotonic() - start < 45  # not the 60 s gloo timeout of the blocked rank 0
+    assert multiprocessing.active_children() == []
+
+
+def test_the_launcher_never_waits_past_its_timeout():
+    start = time.monotonic()
+    with pytest.raises(EPTimeoutError, match=re.escape("ranks [0, 1] of world_size=2 gave no result within "
+                                                       "timeout_s=0.5; every process was terminated")):
+        run_ep(2, sleep, (30.0,), timeout_s=0.5)
+    assert time.monotonic() - start < 0.5 + 5.0  # the deadline, then terminate and join
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.parametrize("world_size, timeout_s, message", [
+    (0, 10, "ep.world_size must be an integer in [1, 64], got 0"),
+    (65, 10, "ep.world_size must be an integer in [1, 64], got 65"),
+    (2, 0, "timeout_s must be in (0, 3600] seconds, got 0"),
+    (2, 4000, "timeout_s must be in (0, 3600] seconds, got 4000"),
+])
+def test_launcher_arguments_are_checked_before_any_process_starts(world_size, timeout_s, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        run_ep(world_size, sleep, (0.0,), timeout_s=timeout_s)
+
+
+def test_a_lambda_is_refused_because_spawned_processes_import_fn_by_name():
+    with pytest.raises(ValueError, match=r"^fn must be a module-level function \(spawned processes import it by name\)"):
+        run_ep(1, lambda rank, world_size: rank, timeout_s=10)
+
+
+def test_layer_arguments_are_checked_without_a_process_group():
+    routing = _routing(UniformRouting())
+    plan = plan_expert_parallel(CFG, routing, world_size=2)
+    with pytest.raises(ValueError, match=re.escape("rank must be an integer in [0, ep.world_size=2), got 2")):
+        EPMoELayer(CFG, plan, routing, rank=2)
+    layer = EPMoELayer(CFG, plan, routing, rank=1)
+    assert layer.projections[0].shape == (2, 16, 32)  # experts 2 and 3 only
+    torch.testing.assert_close(layer.projections[2][0], MoELayer(CFG, seed=0).projections[2][2])
+    with pytest.raises(ValueError, match=re.escape("rank 1 input must be [shard tokens=24, d_model=16], got [48, 16]")):
+        layer(torch.zeros(48, 16))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"repeats": 2}, ValueError, "repeats must be an integer in [3, 1000], got 2"),
+    ({"warmup": -1}, ValueError, "warmup must be an integer in [0, 100], got -1"),
+    ({}, RuntimeError, "time_step runs inside a process group (sim.distributed.launch.run_ep)"),
+])
+def test_step_timing_arguments(kwargs, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        time_step(lambda: None, **kwargs)
