@@ -12,20 +12,23 @@ with its ``EPPlan`` (the same on every rank), ``EPMoELayer.forward``:
    rows; an ``all_to_all_single`` of the [W x L] counts (L = most slots on a rank), then one
    of the rows with uneven ``input_split_sizes`` / ``output_split_sizes`` (the counts
    exchange is how a receiver learns its split sizes, GShard / DeepSpeed-MoE style);
-3. experts: the received rows regrouped by local slot (stable sort), then per non-empty
-   slot the computation of ``MoELayer``'s ``loop`` backend with the same ``costmodel.ops``
-   calls: SwiGLU down(silu(x W_gate) * (x W_up)) (Mixtral) or GELU MLP;
+3. experts: the received rows regrouped by local slot (stable sort), then the config's
+   registered backend (``sim.backends.moe``: loop, padded or grouped) runs them exactly as
+   in ``MoELayer``, over ``LocalExperts``: this rank's slots seen as a layer of S_r experts
+   (SwiGLU down(silu(x W_gate) * (x W_up)), Mixtral, or a GELU MLP);
 4. combine: the results put back in arrival order, an ``all_to_all_single`` with the
    splits reversed, a ``scale`` by the gates and an ``index_add`` into [T_r, D].
 
-The received counts are checked against the plan (ranks given different plans fail loudly
-instead of computing garbage). ``ep_forward_worker`` is the per-rank entry point for
-``sim.distributed.launch.run_ep``; ``run_ep_forward`` runs it on W processes and
-concatenates the shards.
+Every compute op sits in the same ``kernel_scope`` as in ``MoELayer`` (the collectives are
+not a kernel family yet). The received counts are checked against the plan (ranks given
+different plans fail loudly instead of computing garbage). ``ep_forward_worker`` is the
+per-rank entry point for ``sim.distributed.launch.run_ep``; ``run_ep_forward`` runs several
+(config, plan, routing) cases in one launch and concatenates the shards.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -34,11 +37,30 @@ import torch.distributed as dist
 from torch import nn
 
 from costmodel import ops
+from sim.backends.moe import moe_backend
 from sim.distributed.ep_plan import EPPlan
 from sim.distributed.launch import run_ep
 from sim.distributed.step_timing import time_step
 from sim.moe_layer import MoEConfig, MoELayer
 from sim.routing import Routing
+
+
+class LocalExperts(nn.Module):
+    """One rank's expert slots as the "layer" a ``sim.backends.moe`` backend runs: ``cfg``
+    with ``num_experts`` = the rank's slots, ``projections`` [S_r, K, N] stacks sliced from
+    the seeded ``MoELayer``, and ``MoELayer``'s own activation code."""
+
+    expert_activation = MoELayer.expert_activation  # reads self.cfg.expert only
+
+    def __init__(self, cfg: MoEConfig, reference: MoELayer, experts: np.ndarray) -> None:
+        super().__init__()
+        slots = int(experts.size)
+        # top_k is not read by run_experts; capped so that a rank with fewer slots than top_k is a valid config
+        self.cfg = replace(cfg, num_experts=max(slots, 1), top_k=min(cfg.top_k, max(slots, 1)))
+        index = torch.from_numpy(experts.astype(np.int64))
+        self.projections = nn.ParameterList(
+            [nn.Parameter(w.detach().index_select(0, index).clone(), requires_grad=False)
+             for w in reference.projections])
 
 
 class EPMoELayer(nn.Module):
@@ -59,12 +81,10 @@ class EPMoELayer(nn.Module):
         place = plan.placement
         self.local_slots = place.slots_of_rank(rank)
         self.slots_per_rank = place.max_slots_per_rank()  # L: the counts exchange sends L per rank
+        self.backend = moe_backend(cfg.backend)
         reference = MoELayer(cfg, seed=seed)  # the same draws as the single-device layer
-        local_experts = torch.from_numpy(place.slot_expert[self.local_slots].copy())
         self.router = nn.Parameter(reference.router.detach().clone(), requires_grad=False)
-        self.projections = nn.ParameterList(
-            [nn.Parameter(w.detach().index_select(0, local_experts).clone(), requires_grad=False)
-             for w in reference.projections])
+        self.experts = LocalExperts(cfg, reference, place.slot_expert[self.local_slots])
         del reference
 
         lo, hi = (int(b) for b in plan.token_bounds[rank : rank + 2])
@@ -80,65 +100,73 @@ class EPMoELayer(nn.Module):
         self._gate = torch.from_numpy(routing.gates[lo:hi].reshape(-1)[sent].astype(np.float32)).to(dtype)
         self._expected_rows = [int(plan.slot_rows[s]) for s in self.local_slots]
 
-    def _experts(self, x_grouped: torch.Tensor, counts: list[int]) -> torch.Tensor:
-        """``MoELayer``'s loop backend over this rank's slots."""
-        y = torch.empty(x_grouped.shape[0], self.cfg.d_model, dtype=x_grouped.dtype)
-        *first, last = self.projections
-        start = 0
-        for s, n in enumerate(counts):  # at most L slots
-            if n == 0:
-                continue
-            rows = x_grouped[start : start + n]
-            hidden = [ops.gemm(rows, w[s]) for w in first]
-            if self.cfg.expert == "swiglu":
-                act = ops.elementwise("mul", ops.elementwise("silu", hidden[0]), hidden[1])
-            else:
-                act = ops.elementwise("gelu", hidden[0])
-            torch.matmul(act, last[s], out=y[start : start + n])
-            start += n
-        return y
-
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         cfg, W, L = self.cfg, self.plan.world_size, self.slots_per_rank
         if x.shape != (self.shard_tokens, cfg.d_model):
             raise ValueError(f"rank {self.rank} input must be [shard tokens={self.shard_tokens}, "
                              f"d_model={cfg.d_model}], got {list(x.shape)}")
-        ops.topk(ops.softmax(ops.gemm(x, self.router)), cfg.top_k)  # the router's cost, overridden
-        _, order = ops.sort(self._key)
-        send_counts = ops.histogram(self._key, W * L)
-        token_idx = ops.gather(self._token, order)
-        gates = ops.gather(self._gate, order)
-        x_send = ops.gather(x, token_idx)
+        # the router's kernels, paid and then overridden by the routing (as MoELayer with a routing)
+        with ops.kernel_scope("gemm"):
+            logits = ops.gemm(x, self.router)
+        with ops.kernel_scope("softmax"):
+            probs = ops.softmax(logits)
+        with ops.kernel_scope("topk"):
+            ops.topk(probs, cfg.top_k)
+        with ops.kernel_scope("sort"):
+            _, order = ops.sort(self._key)
+        with ops.kernel_scope("histogram"):
+            send_counts = ops.histogram(self._key, W * L)
+        with ops.kernel_scope("gather"):
+            token_idx = ops.gather(self._token, order)
+        with ops.kernel_scope("gather"):
+            gates = ops.gather(self._gate, order)
+        with ops.kernel_scope("gather"):
+            x_send = ops.gather(x, token_idx)
 
+        # dispatch: counts first (L per rank pair), then the rows with uneven splits
         recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts)  # L counts to and from every rank
+        dist.all_to_all_single(recv_counts, send_counts)
         send_split = send_counts.view(W, L).sum(1).tolist()
         recv_split = recv_counts.view(W, L).sum(1).tolist()
         x_recv = x.new_empty(sum(recv_split), cfg.d_model)
         dist.all_to_all_single(x_recv, x_send, output_split_sizes=recv_split, input_split_sizes=send_split)
 
+        n_local = len(self._expected_rows)
         slot_counts = recv_counts.view(W, L).sum(0).tolist()
-        if slot_counts[: len(self._expected_rows)] != self._expected_rows or any(slot_counts[len(self._expected_rows):]):
+        if slot_counts[:n_local] != self._expected_rows or any(slot_counts[n_local:]):
             raise RuntimeError(f"rank {self.rank} received {slot_counts} rows per local slot, its plan says "
                                f"{self._expected_rows}: the ranks were given different plans")
         slot_of_row = torch.arange(L).repeat(W).repeat_interleave(recv_counts)  # arrivals: by source, then slot
-        _, perm = ops.sort(slot_of_row)
-        y_grouped = self._experts(ops.gather(x_recv, perm), slot_counts)
-        y_recv = torch.empty_like(y_grouped).index_copy_(0, perm, y_grouped)
+        with ops.kernel_scope("sort"):
+            _, perm = ops.sort(slot_of_row)
+        with ops.kernel_scope("gather"):
+            x_grouped = ops.gather(x_recv, perm)
+        if x_grouped.shape[0]:
+            y_grouped = self.backend.run_experts(self.experts, x_grouped, slot_counts[:n_local])
+        else:  # no rows arrived (a rank may even hold no slot): nothing to run
+            y_grouped = x_grouped
+        with ops.kernel_scope("scatter"):
+            y_recv = ops.scatter(y_grouped, perm, y_grouped.shape[0], reduce="copy", backend="index_copy")
 
+        # combine: the same splits reversed, then gates and the sum over each token's experts
         y_back = x.new_empty(x_send.shape[0], cfg.d_model)
         dist.all_to_all_single(y_back, y_recv, output_split_sizes=send_split, input_split_sizes=recv_split)
-        weighted = ops.elementwise("scale", y_back, gates.unsqueeze(1))
-        return ops.scatter(weighted, token_idx, self.shard_tokens, reduce="sum", backend="index_add")
+        with ops.kernel_scope("elementwise"):
+            weighted = ops.elementwise("scale", y_back, gates.unsqueeze(1))
+        with ops.kernel_scope("scatter"):
+            return ops.scatter(weighted, token_idx, self.shard_tokens, reduce="sum", backend="index_add")
 
 
-def ep_forward_worker(rank: int, world_size: int, cfg: MoEConfig, cases: Sequence[tuple[EPPlan, Routing]],
-                      x: np.ndarray, seed: int = 0, time_repeats: int = 0, time_warmup: int = 1) -> dict[str, Any]:
-    """One rank: the EP layer's output shard for each (plan, routing) case, and with
+Case = tuple[MoEConfig, EPPlan, Routing]
+
+
+def ep_forward_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
+                      time_repeats: int = 0, time_warmup: int = 1) -> dict[str, Any]:
+    """One rank: the EP layer's output shard for each (config, plan, routing) case, and with
     ``time_repeats`` > 0 the step time of the first case (``step_timing.time_step``)."""
     outputs, step = [], None
-    for i, (plan, routing) in enumerate(cases):
+    for i, (cfg, plan, routing) in enumerate(cases):
         if plan.world_size != world_size:
             raise ValueError(f"case {i}: plan is for ep.world_size={plan.world_size}, the run has {world_size}")
         layer = EPMoELayer(cfg, plan, routing, rank=rank, seed=seed)
@@ -150,12 +178,15 @@ def ep_forward_worker(rank: int, world_size: int, cfg: MoEConfig, cases: Sequenc
     return {"outputs": outputs, "step": step}
 
 
-def run_ep_forward(cfg: MoEConfig, cases: Sequence[tuple[EPPlan, Routing]], x: np.ndarray, *, world_size: int,
-                   seed: int = 0, time_repeats: int = 0, timeout_s: float = 60.0) -> dict[str, Any]:
-    """The EP layer on ``world_size`` gloo processes: full [T, D] outputs per case (shards
-    concatenated in rank order), each rank's step measurement (or None), the pinning note."""
-    if x.shape != (cfg.tokens, cfg.d_model):
-        raise ValueError(f"x must be [moe.tokens={cfg.tokens}, moe.d_model={cfg.d_model}], got {list(x.shape)}")
-    run = run_ep(world_size, ep_forward_worker, (cfg, list(cases), x, seed, time_repeats), timeout_s=timeout_s)
+def run_ep_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0,
+                   time_repeats: int = 0, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The EP layer on ``world_size`` gloo processes for each (config, plan, routing) case,
+    all in one launch: full [T, D] outputs per case (shards concatenated in rank order),
+    each rank's step measurement of the first case (or None), and the pinning note."""
+    for i, (cfg, _, _) in enumerate(cases):
+        if x.shape != (cfg.tokens, cfg.d_model):
+            raise ValueError(f"case {i}: x must be [moe.tokens={cfg.tokens}, moe.d_model={cfg.d_model}], "
+                             f"got {list(x.shape)}")
+    run = run_ep(world_size, ep_forward_worker, (list(cases), x, seed, time_repeats), timeout_s=timeout_s)
     outputs = [np.concatenate([r["outputs"][i] for r in run.results]) for i in range(len(cases))]
     return {"outputs": outputs, "steps": [r["step"] for r in run.results], "note": run.note}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import re
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -33,34 +34,55 @@ def _kept_by(plan, routing: Routing) -> Routing:
     return Routing(routing.expert_ids, routing.gates, plan.assignment_slot >= 0, routing.num_experts)
 
 
+CASES = ["skewed-contiguous", "uniform-round_robin", "skewed-load_aware-drops", "padded-3-experts-round_robin",
+         "grouped-load_aware-drops"]
+
+
 @pytest.fixture(scope="module")
 def ep_run():
     """One launch of W=2 processes for every case (each launch costs two torch imports)."""
     skewed, uniform = _routing(ZipfRouting(2.0)), _routing(UniformRouting())
+    padded3 = replace(CFG, num_experts=3, backend="padded")  # rank 1 holds one slot, fewer than top_k
+    grouped = replace(CFG, backend="grouped")
+    uniform3 = route(UniformRouting(), tokens=CFG.tokens, num_experts=3, top_k=CFG.top_k, seed=1)
     cases = [
-        (plan_expert_parallel(CFG, skewed, world_size=2, placement="contiguous"), skewed),
-        (plan_expert_parallel(CFG, uniform, world_size=2, placement="round_robin"), uniform),
-        (plan_expert_parallel(CFG, skewed, world_size=2, placement="load_aware", capacity_factor=1.0), skewed),
+        (CFG, plan_expert_parallel(CFG, skewed, world_size=2, placement="contiguous"), skewed),
+        (CFG, plan_expert_parallel(CFG, uniform, world_size=2, placement="round_robin"), uniform),
+        (CFG, plan_expert_parallel(CFG, skewed, world_size=2, placement="load_aware", capacity_factor=1.0), skewed),
+        (padded3, plan_expert_parallel(padded3, uniform3, world_size=2, placement="round_robin"), uniform3),
+        (grouped, plan_expert_parallel(grouped, skewed, world_size=2, placement="load_aware", capacity_factor=1.0),
+         skewed),
     ]
     x = np.random.default_rng(0).standard_normal((CFG.tokens, CFG.d_model)).astype(np.float32)
     start = time.monotonic()
-    out = run_ep_forward(CFG, cases, x, world_size=2, seed=SEED, time_repeats=3, timeout_s=120)
+    out = run_ep_forward(cases, x, world_size=2, seed=SEED, time_repeats=3, timeout_s=120)
     return {"cases": cases, "x": x, "out": out, "wall_s": time.monotonic() - start}
 
 
-@pytest.mark.parametrize("case", [0, 1, 2], ids=["skewed-contiguous", "uniform-round_robin", "skewed-load_aware-drops"])
-def test_ep_layer_equals_the_single_device_layer(ep_run, case):
-    plan, routing = ep_run["cases"][case]
-    reference = MoELayer(CFG, seed=SEED)(torch.from_numpy(ep_run["x"]), _kept_by(plan, routing))
+@pytest.fixture
+def one_thread():
+    """The reference on one thread, as each rank runs: tiny GEMMs on a 2-thread pool of a busy
+    2-core host took 37 ms each (threads waiting for each other), 1000x their work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
+def test_ep_layer_equals_the_single_device_layer(ep_run, case, one_thread):
+    cfg, plan, routing = ep_run["cases"][case]
+    reference = MoELayer(cfg, seed=SEED)(torch.from_numpy(ep_run["x"]), _kept_by(plan, routing))
     torch.testing.assert_close(torch.from_numpy(ep_run["out"]["outputs"][case]), reference)
 
 
 def test_the_cases_are_what_they_claim(ep_run):
-    skewed, uniform, aware = (plan for plan, _ in ep_run["cases"])
+    skewed, uniform, aware, padded3, _ = (plan for _, plan, _ in ep_run["cases"])
     assert skewed.rank_rows.max() / skewed.rank_rows.mean() > 1.3  # Zipf(2) on contiguous blocks
     assert uniform.skew_share < 0.1
     assert aware.placement.num_slots == 6 and aware.dropped > 0  # replicas and capacity drops
     assert (aware.dispatch_rows * (1 - np.eye(2, dtype=int))).sum() > 0  # rows cross ranks
+    assert [len(padded3.local_expert_rows(r)) for r in (0, 1)] == [2, 1]
 
 
 def test_step_time_is_the_slowest_rank_on_every_rank(ep_run):
@@ -118,8 +140,9 @@ def test_layer_arguments_are_checked_without_a_process_group():
     with pytest.raises(ValueError, match=re.escape("rank must be an integer in [0, ep.world_size=2), got 2")):
         EPMoELayer(CFG, plan, routing, rank=2)
     layer = EPMoELayer(CFG, plan, routing, rank=1)
-    assert layer.projections[0].shape == (2, 16, 32)  # experts 2 and 3 only
-    torch.testing.assert_close(layer.projections[2][0], MoELayer(CFG, seed=0).projections[2][2])
+    assert layer.experts.projections[0].shape == (2, 16, 32)  # experts 2 and 3 only
+    assert layer.experts.cfg.num_experts == 2
+    torch.testing.assert_close(layer.experts.projections[2][0], MoELayer(CFG, seed=0).projections[2][2])
     with pytest.raises(ValueError, match=re.escape("rank 1 input must be [shard tokens=24, d_model=16], got [48, 16]")):
         layer(torch.zeros(48, 16))
 
