@@ -22,11 +22,13 @@ model would be expected to pass at ``--max-limit`` and ``--median-limit``, and t
 chance of passing three runs in a row at the within-run rate.
 Writes ``noise_floor.csv`` to ``--out`` when given.
 
-Bad input stops with a message naming the file, column and line: an empty or header-only
-results.csv, a missing column, text or a value out of range (measured_s and pred_L3_s
-finite and > 0, round_cv finite and >= 0, rounds_timed an integer >= 1), a point repeated
-with other values; exact duplicate rows are dropped with a note, and limits must be finite
-percentages > 0.
+Bad input stops with one line ``noise_floor.py: error: ...`` and exit status 2 (as
+argparse's own errors), before any floor is computed, naming the file, column and line: an
+empty or header-only results.csv, a missing column, text or a value out of range
+(measured_s and pred_L3_s finite and > 0, round_cv finite and >= 0, rounds_timed an
+integer >= 1), a point repeated with other values; exact duplicate rows are dropped with a
+note. ``--max-limit`` and ``--median-limit`` must be finite percentages > 0, and ``--out``
+a folder (created if missing), not a file.
 """
 
 from __future__ import annotations
@@ -54,8 +56,16 @@ POSITIVE = ("measured_s", "pred_L3_s")  # seconds: finite and > 0
 NON_NEGATIVE = ("round_cv",)  # finite and >= 0
 
 
-def _fail(path: Path, message: str) -> SystemExit:
-    return SystemExit(f"{path}: {message}")
+#: exit status of a refused input (argparse's, the shell's usage error)
+USAGE_EXIT_CODE = 2
+
+
+class BadInput(ValueError):
+    """A run directory, results.csv or option that cannot be used; the message names it."""
+
+
+def _fail(path: Path, message: str) -> BadInput:
+    return BadInput(f"{path}: {message}")
 
 
 def _show(value: object) -> str:
@@ -63,8 +73,8 @@ def _show(value: object) -> str:
 
 
 def _check_numbers(path: Path, df: pd.DataFrame) -> pd.DataFrame:
-    """The numeric columns as floats, each value in its range, else a SystemExit naming the
-    file, the column and the row (line of the file: the header is line 1)."""
+    """The numeric columns as floats, each value in its range, else an error naming the
+    file, the column and the row (line of the file: the header is line 1): ``BadInput``."""
     checks = [(c, "a finite number > 0", lambda x: np.isfinite(x) & (x > 0)) for c in POSITIVE]
     checks += [(c, "a finite number >= 0", lambda x: np.isfinite(x) & (x >= 0)) for c in NON_NEGATIVE]
     if "rounds_timed" in df:
@@ -85,7 +95,7 @@ def _check_numbers(path: Path, df: pd.DataFrame) -> pd.DataFrame:
 
 def read_run(path: Path) -> pd.DataFrame:
     """One results.csv, checked and indexed by point: numbers in range, exact duplicate rows
-    dropped (with a note on stderr), a point repeated with other values refused."""
+    dropped (with a note on stderr), a point repeated with other values refused (``BadInput``)."""
     try:
         df = pd.read_csv(path)
     except pd.errors.EmptyDataError:
@@ -121,7 +131,7 @@ def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
     for d in dirs:
         path = d / "results.csv"
         if not path.is_file():
-            raise SystemExit(f"{path}: no results.csv (give run directories of `python -m sim experiment=...`)")
+            raise _fail(path, "no results.csv (give run directories of `python -m sim experiment=...`)")
         real = path.resolve()
         if real in seen:
             print(f"note: {d} is the run {seen[real]} again; counted once", file=sys.stderr)
@@ -134,8 +144,17 @@ def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
 def check_limit(name: str, value: float) -> float:
     """A percentage limit: finite and > 0."""
     if not (math.isfinite(value) and value > 0):
-        raise SystemExit(f"{name} must be a finite percentage > 0, got {value}")
+        raise BadInput(f"{name} must be a finite percentage > 0, got {value:g}")
     return value
+
+
+def check_out(out: Path | None) -> None:
+    """``--out``: a folder (created if missing), not a file nor under one."""
+    for parent in (out, *out.parents) if out is not None else ():
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadInput(f"--out {out} must be a folder (created if missing), but {parent} is a file")
+            return
 
 
 def within_run_floor(df: pd.DataFrame, max_limit_pct: float) -> dict[str, float]:
@@ -187,9 +206,15 @@ def main() -> None:
     ap.add_argument("--median-limit", type=float, default=5.0, help="median APE target, %% (default 5)")
     ap.add_argument("--out", type=Path, help="folder for noise_floor.csv")
     args = ap.parse_args()
-    check_limit("--max-limit", args.max_limit)
-    check_limit("--median-limit", args.median_limit)
-    table = floor_table(load_runs(args.runs), args.max_limit)
+    try:
+        check_limit("--max-limit", args.max_limit)
+        check_limit("--median-limit", args.median_limit)
+        check_out(args.out)
+        runs = load_runs(args.runs)
+    except BadInput as err:  # one line, not a traceback
+        print(f"{ap.prog}: error: {err}", file=sys.stderr)
+        sys.exit(USAGE_EXIT_CODE)
+    table = floor_table(runs, args.max_limit)
 
     console = Console()
     t = Table(title=f"noise floor of {len(table)} runs (APE %; a perfect model against these measurements)")

@@ -48,10 +48,10 @@ def test_oracle_uses_the_other_runs_median_and_this_runs_drift(noise_floor, tmp_
 
 
 def test_missing_results_or_columns_are_named(noise_floor, tmp_path):
-    with pytest.raises(SystemExit, match="no results.csv"):
+    with pytest.raises(noise_floor.BadInput, match="no results.csv"):
         noise_floor.load_runs([tmp_path])
     (tmp_path / "results.csv").write_text("label,value\nloop,0\n")
-    with pytest.raises(SystemExit, match="missing column.*param.*measured_s"):
+    with pytest.raises(noise_floor.BadInput, match="missing column.*param.*measured_s"):
         noise_floor.load_runs([tmp_path])
 
 
@@ -76,7 +76,7 @@ def test_values_out_of_range_name_the_file_column_and_line(noise_floor, tmp_path
     df.loc[1, column] = value
     (tmp_path / "r").mkdir()
     df.to_csv(tmp_path / "r" / "results.csv", index=False)
-    with pytest.raises(SystemExit, match=rf"r/results.csv: column {column} must be .* 1 row\(s\) are not: "
+    with pytest.raises(noise_floor.BadInput, match=rf"r/results.csv: column {column} must be .* 1 row\(s\) are not: "
                                          rf"line 3: {re.escape(shown)}$"):
         noise_floor.load_runs([tmp_path / "r"])
 
@@ -87,7 +87,7 @@ def test_values_out_of_range_name_the_file_column_and_line(noise_floor, tmp_path
 ])
 def test_an_empty_or_header_only_file_is_named(noise_floor, tmp_path, text, message):
     (tmp_path / "results.csv").write_text(text)
-    with pytest.raises(SystemExit, match=f"results.csv: {message}"):
+    with pytest.raises(noise_floor.BadInput, match=f"results.csv: {message}"):
         noise_floor.load_runs([tmp_path])
 
 
@@ -100,7 +100,7 @@ def test_exact_duplicate_rows_count_once_and_conflicting_ones_are_refused(noise_
     assert "dropped 1 exact duplicate row(s) (lines [4])" in capsys.readouterr().err
     other = df.iloc[[1]].assign(measured_s=5.0)
     pd.concat([df, other]).to_csv(tmp_path / "r" / "results.csv", index=False)
-    with pytest.raises(SystemExit, match=r"repeats with different values on lines \[3, 4\]"):
+    with pytest.raises(noise_floor.BadInput, match=r"repeats with different values on lines \[3, 4\]"):
         noise_floor.load_runs([tmp_path / "r"])
 
 
@@ -119,10 +119,46 @@ def test_runs_in_folders_of_the_same_name_stay_apart(noise_floor, tmp_path, caps
 @pytest.mark.parametrize("args, message", [
     (["--max-limit", "nan"], "--max-limit must be a finite percentage > 0, got nan"),
     (["--max-limit", "inf"], "--max-limit must be a finite percentage > 0, got inf"),
+    (["--max-limit", "-5"], "--max-limit must be a finite percentage > 0, got -5"),
     (["--median-limit", "-1"], "--median-limit must be a finite percentage > 0, got -1"),
+    (["--median-limit", "0"], "--median-limit must be a finite percentage > 0, got 0"),
 ])
-def test_limits_must_be_finite_and_positive(noise_floor, tmp_path, monkeypatch, args, message):
+def test_limits_must_be_finite_and_positive(noise_floor, tmp_path, monkeypatch, capsys, args, message):
     run = write_run(tmp_path, "A", [1.0, 2.0], [1.0, 2.0])
     monkeypatch.setattr("sys.argv", ["noise_floor.py", str(run), *args])
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(SystemExit) as stop:
         noise_floor.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"noise_floor.py: error: {message}\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "results.csv: is empty (no header, no rows); give a run directory whose experiment finished"),
+    ("label,param,value,measured_s,pred_L3_s,round_cv\n",
+     "results.csv: has a header but no rows; give a run directory whose experiment finished"),
+    ("label,param,value,measured_s,pred_L3_s,round_cv\nloop,exponent,0,fast,1e-3,0.1\n",
+     "results.csv: column measured_s must be a finite number > 0 in every row; 1 row(s) are not: line 2: 'fast'"),
+    ("label,param,value,measured_s,pred_L3_s,round_cv\nloop,exponent,0,1e-3,1e-3,lots\n",
+     "results.csv: column round_cv must be a finite number >= 0 in every row; 1 row(s) are not: line 2: 'lots'"),
+])
+def test_the_command_line_names_a_bad_results_file_in_one_line_with_exit_status_2(
+        noise_floor, tmp_path, monkeypatch, capsys, text, message):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.csv").write_text(text)
+    monkeypatch.setattr("sys.argv", ["noise_floor.py", str(tmp_path / "run")])
+    with pytest.raises(SystemExit) as stop:
+        noise_floor.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == f"noise_floor.py: error: {tmp_path / 'run'}/{message}\n"
+
+
+def test_an_out_path_that_is_a_file_is_refused_before_any_work(noise_floor, tmp_path, monkeypatch, capsys):
+    run = write_run(tmp_path, "A", [1.0, 2.0], [1.0, 2.0])
+    (tmp_path / "taken").write_text("")
+    monkeypatch.setattr(noise_floor, "floor_table", lambda *a: pytest.fail("computed before refusing --out"))
+    monkeypatch.setattr("sys.argv", ["noise_floor.py", str(run), "--out", str(tmp_path / "taken" / "sub")])
+    with pytest.raises(SystemExit) as stop:
+        noise_floor.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == (f"noise_floor.py: error: --out {tmp_path / 'taken' / 'sub'} must be a folder "
+                                       f"(created if missing), but {tmp_path / 'taken'} is a file\n")
