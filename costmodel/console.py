@@ -4,6 +4,12 @@ Tables and messages are printed with rich; under Hydra the run's log file
 (``<run dir>/<job>.log``) gets the same lines, without colour codes, through the root
 logger's file handlers (never its console handler, so nothing is printed twice). Outside
 Hydra (tests, the Python API) there is no file handler and only the console is written.
+
+A string given to ``Console.print`` (or a table cell, or a title) is read as rich markup:
+a ``[/]`` or ``[bold]`` in a device name, a path or an error message would be taken as a
+tag (``MarkupError``, or text silently restyled). Anything a user or a file controls is
+printed through ``literal`` (a ``rich.text.Text``, never parsed) or ``escape``
+(``rich.markup.escape``, for a value placed inside a markup string).
 """
 
 from __future__ import annotations
@@ -14,6 +20,10 @@ import re
 import sys
 
 from rich.console import Console
+from rich.markup import escape
+from rich.text import Text
+
+__all__ = ["escape", "literal", "make_console"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _LOGGER = "console"
@@ -64,3 +74,8 @@ class _ConsoleAndLog(io.TextIOBase):
 def make_console(width: int | None = None) -> Console:
     """A rich console whose output also goes to Hydra's run log."""
     return Console(file=_ConsoleAndLog(), width=width)
+
+
+def literal(value: object, style: str = "") -> Text:
+    """``str(value)`` printed as it is, never read as rich markup (``[/]`` stays ``[/]``)."""
+    return Text(str(value), style=style)

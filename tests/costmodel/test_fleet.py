@@ -40,7 +40,9 @@ def fleet_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(fleet_root, tmp_path_factory):
-    return fleet.run(fleet_root, tmp_path_factory.mktemp("fleet_out"))
+    from sim.reference import reference_workloads
+
+    return fleet.run(fleet_root, tmp_path_factory.mktemp("fleet_out"), workloads_for=reference_workloads)
 
 
 def test_a_corrupt_profile_is_skipped_and_the_rest_kept(report, fleet_root):
