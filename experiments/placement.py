@@ -49,19 +49,19 @@ from experiments.common import (  # noqa: E402
 from experiments.workloads import Workload as Measurable, evaluate_workloads  # noqa: E402
 from sim.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
-from sim.placement import SOLVERS, Device, Placement, PlacementError, Workload, check_inputs, place  # noqa: E402
+from sim.placement import SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place  # noqa: E402
 from sim.placement_workloads import calibration_suite  # noqa: E402
 
 ORACLE = "oracle"
 
 
-#: builders ``placement_mix`` may name as ``_target_`` (each returns a ``sim.placement.Workload``)
+#: builders ``placement_mix`` may name as ``_target_`` (each returns a ``sim.placement.PlacementWorkload``)
 MIX_BUILDERS = tuple(f"sim.placement_workloads.{b}" for b in ("moe_workload", "gnn_workload", "mlp_workload"))
 
 
-def build_workloads(cfg: Mapping[str, Any]) -> list[Workload]:
+def build_workloads(cfg: Mapping[str, Any]) -> list[PlacementWorkload]:
     """Instantiate every entry of ``placement_mix`` (name -> builder config), validated: only
-    the builders of ``MIX_BUILDERS``, each result a ``Workload``."""
+    the builders of ``MIX_BUILDERS``, each result a ``PlacementWorkload``."""
     from hydra.utils import instantiate
 
     mix = cfg.get("placement_mix") or {}
@@ -85,8 +85,8 @@ def build_workloads(cfg: Mapping[str, Any]) -> list[Workload]:
         except Exception as err:  # Hydra wraps the builder's ValueError
             cause = err.__cause__ or err
             raise PlacementError(f"placement_mix.{name}: {cause}") from None
-        if not isinstance(w, Workload):
-            raise PlacementError(f"placement_mix.{name}: {target} returned a {type(w).__name__}, not a Workload")
+        if not isinstance(w, PlacementWorkload):
+            raise PlacementError(f"placement_mix.{name}: {target} returned a {type(w).__name__}, not a PlacementWorkload")
         out.append(w)
     return out
 
@@ -193,7 +193,7 @@ def placement_levels(value: Any) -> list[str]:
     return list(levels)
 
 
-def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[Workload], dict[str, int]]:
+def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[PlacementWorkload], dict[str, int]]:
     """Every key, every workload and every memory limit checked, nothing measured or set:
     (device settings, workloads, memory per device)."""
     cfg = config_dict(cfg)
@@ -275,7 +275,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     index_w = {w.name: i for i, w in enumerate(workloads)}
     index_d = {d.name: k for k, d in enumerate(devices)}
 
-    def oracle(w: Workload, d: Device) -> float:
+    def oracle(w: PlacementWorkload, d: Device) -> float:
         return float(measured[index_w[w.name], index_d[d.name]])
 
     oracle.__name__ = ORACLE

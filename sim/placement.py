@@ -1,6 +1,6 @@
 """Latency-aware placement: put workloads on devices so the slowest device finishes first.
 
-``place(workloads, devices, predict) -> Placement``. A ``Workload`` is any predictable
+``place(workloads, devices, predict) -> Placement``. A ``PlacementWorkload`` is any predictable
 unit: a name, its kernel trace (``costmodel.kernels`` descriptors: a layer's hand-written
 trace, or a captured module's), a memory footprint and a picklable factory that builds a
 runnable callable on a device (so a worker process can run it). A ``Device`` is a stored,
@@ -27,7 +27,7 @@ device, a device runs its workloads back to back, minimise the largest per-devic
   path) or the LP relaxation of the program above (LPT path), together with
   max_i min_d p_id (every workload runs somewhere, whole) and sum_i min_d p_id / m.
 
-Bad input (no workloads, no devices, something that is not a ``Workload`` or ``Device``,
+Bad input (no workloads, no devices, something that is not a ``PlacementWorkload`` or ``Device``,
 a device without a fitted profile, a workload too large for every device's memory, a
 predicted cost that is not a finite number >= 0, a memory size or count given as a bool;
 for ``solve``, a cost matrix whose shape does not match the names or that holds NaN,
@@ -87,11 +87,12 @@ class WorkloadFactory(Protocol):
 
 
 @dataclass(frozen=True, eq=False)
-class Workload:
-    """A predictable, runnable unit of work.
+class PlacementWorkload:
+    """A predictable, runnable unit of work (named apart from ``experiments.workloads.Workload``,
+    a layer measured by an experiment; ``sim.placement.Workload`` is a deprecated alias).
 
     ``trace`` is what it executes, as kernel descriptors (a layer's ``moe_trace``/``gnn_trace``
-    /``mlp_trace``, or a captured module's descriptors: ``Workload(name, captured.specs, ...)``
+    /``mlp_trace``, or a captured module's descriptors: ``PlacementWorkload(name, captured.specs, ...)``
     works for any sequence of ``KernelSpec``); ``memory_bytes`` what it keeps resident on a
     device while placed there (weights, inputs, indices and its largest working set).
     """
@@ -129,6 +130,15 @@ class Workload:
     @property
     def bytes_moved(self) -> float:
         return float(sum(s.bytes_moved() for s in self.trace))
+
+
+def __getattr__(name: str) -> Any:
+    """``Workload``: the deprecated name of ``PlacementWorkload`` (a DeprecationWarning)."""
+    if name == "Workload":
+        warnings.warn("sim.placement.Workload is deprecated: use sim.placement.PlacementWorkload (experiments.workloads."
+                      "Workload is another class)", DeprecationWarning, stacklevel=2)
+        return PlacementWorkload
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -195,7 +205,7 @@ class Device:
         return self.model
 
 
-Predictor = str | Callable[[Workload, Device], float]
+Predictor = str | Callable[[PlacementWorkload, Device], float]
 
 
 @dataclass(frozen=True, eq=False)
@@ -260,23 +270,37 @@ class Placement:
 # ----------------------------------------------------------------------------- costs
 
 
-def cost_matrix(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor) -> np.ndarray:
-    """Predicted seconds of every workload on every device, [workloads, devices]."""
-    from sim.simulator import predict_trace
+def cost_matrix(workloads: Sequence[PlacementWorkload], devices: Sequence[Device], predict: Predictor) -> np.ndarray:
+    """Predicted seconds of every workload on every device, [workloads, devices].
 
+    A level name predicts all workloads at once per distinct cost model
+    (``sim.simulator.predict_traces``: every distinct kernel of every trace featurised and
+    predicted once, summed per trace; the same sums as ``predict_trace`` per workload), so
+    devices sharing a profile's model cost one prediction, not one per workload and device:
+    each per-family regression (a random forest of 100 trees) is called once per model
+    instead of once per workload and device, which is what kept ``place`` from staying under
+    a second beside a CPU hog (``scripts/bench_placement_busy.py``)."""
     cost = np.empty((len(workloads), len(devices)))
-    for d, dev in enumerate(devices):
-        for i, w in enumerate(workloads):
-            if isinstance(predict, str):
-                cost[i, d] = float(predict_trace(dev._fitted(), w.trace, [predict], quiet=True)[predict].sum())
-                continue
-            value = predict(w, dev)
-            seconds = _seconds(value)
-            if seconds is None:
-                raise PlacementError(f"predict {predictor_name(predict)!r} must return seconds as a number (finite, "
-                                     f">= 0); for workload {w.name!r} on device {dev.name!r} it returned "
-                                     f"{type(value).__name__} {value!r}")
-            cost[i, d] = seconds
+    if isinstance(predict, str):
+        from sim.simulator import TraceBatch, predict_traces
+
+        batch = TraceBatch.from_traces([w.trace for w in workloads])
+        by_model: dict[int, np.ndarray] = {}  # id of a CostModel (alive for the call) -> its column
+        for d, dev in enumerate(devices):
+            model = dev._fitted()
+            if id(model) not in by_model:
+                by_model[id(model)] = predict_traces(model, batch, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()
+            cost[:, d] = by_model[id(model)]
+    else:
+        for d, dev in enumerate(devices):
+            for i, w in enumerate(workloads):
+                value = predict(w, dev)
+                seconds = _seconds(value)
+                if seconds is None:
+                    raise PlacementError(f"predict {predictor_name(predict)!r} must return seconds as a number (finite, "
+                                         f">= 0); for workload {w.name!r} on device {dev.name!r} it returned "
+                                         f"{type(value).__name__} {value!r}")
+                cost[i, d] = seconds
     bad = [(workloads[i].name, devices[d].name, float(cost[i, d])) for i, d in zip(*np.nonzero(~(np.isfinite(cost) & (cost >= 0))))]
     if bad:
         raise PlacementError(f"predicted latencies must be finite seconds >= 0; got (workload, device, value) {bad[:5]}")
@@ -290,25 +314,25 @@ def predictor_name(predict: Predictor) -> str:
 # ----------------------------------------------------------------------------- validation
 
 
-def check_inputs(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor) -> None:
+def check_inputs(workloads: Sequence[PlacementWorkload], devices: Sequence[Device], predict: Predictor) -> None:
     """Every error ``place`` can raise about its input, before any solving or running."""
-    for kind, items, cls in (("workloads", workloads, Workload), ("devices", devices, Device)):
+    for kind, items, cls in (("workloads", workloads, PlacementWorkload), ("devices", devices, Device)):
         if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Sequence):
             raise PlacementError(f"{kind} must be a list of sim.placement.{cls.__name__}, got {type(items).__name__}")
     if not workloads:
         raise PlacementError("no workloads to place: give at least one")
     if not devices:
         raise PlacementError("no devices to place on: give at least one")
-    for kind, items, cls in (("workloads", workloads, Workload), ("devices", devices, Device)):
+    for kind, items, cls in (("workloads", workloads, PlacementWorkload), ("devices", devices, Device)):
         for i, x in enumerate(items):
             if not isinstance(x, cls):
                 label = getattr(x, "name", x) if not isinstance(x, str) else x
                 raise PlacementError(f"{kind}[{i}] ({label!r}) is a {type(x).__name__}, not a sim.placement.{cls.__name__}"
                                      f"; build one with sim.placement.{cls.__name__}(...)"
-                                     + (" or a builder of sim.placement_workloads" if cls is Workload else
+                                     + (" or a builder of sim.placement_workloads" if cls is PlacementWorkload else
                                         " or Device.from_profile"))
     for i, w in enumerate(workloads):
-        if not w.trace:  # a Workload refuses an empty trace when built; this catches one changed after
+        if not w.trace:  # a PlacementWorkload refuses an empty trace when built; this catches one changed after
             raise PlacementError(f"workloads[{i}] ({w.name!r}): trace must list at least one kernel descriptor")
     for kind, items in (("workload", workloads), ("device", devices)):
         names = [x.name for x in items]
@@ -336,7 +360,7 @@ def check_inputs(workloads: Sequence[Workload], devices: Sequence[Device], predi
 # ----------------------------------------------------------------------------- solvers
 
 
-def place(workloads: Sequence[Workload], devices: Sequence[Device], predict: Predictor, *, solver: str = "auto",
+def place(workloads: Sequence[PlacementWorkload], devices: Sequence[Device], predict: Predictor, *, solver: str = "auto",
           exact_max_binaries: int = EXACT_MAX_BINARIES, time_limit_s: float = EXACT_TIME_LIMIT_S) -> Placement:
     """Minimise the makespan of ``workloads`` on ``devices`` with latencies from ``predict``.
 

@@ -1,7 +1,7 @@
 """The project's own layers as placement workloads: MoE, GNN and dense MLP.
 
 Each builder (a Hydra ``_target_`` in ``conf/placement_mix/``) draws the layer's routing
-or graph once, from its seed, and returns a ``sim.placement.Workload``: the layer's kernel
+or graph once, from its seed, and returns a ``sim.placement.PlacementWorkload``: the layer's kernel
 trace, its memory footprint, and a picklable factory holding the config and the drawn
 routing or graph (numpy arrays), which builds the real module and its input on a device
 inside whatever process runs it. ``calibration_suite`` gives the kernels a profile needs
@@ -29,7 +29,7 @@ from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, gnn_trace
 from sim.graphs import degree_stats, rmat
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, moe_trace
-from sim.placement import Workload
+from sim.placement import PlacementWorkload
 from sim.routing import Routing, ZipfRouting, route
 
 
@@ -91,7 +91,7 @@ class MLPFactory:
 
 def moe_workload(name: str, *, tokens: int, d_model: int, d_ff: int, num_experts: int, top_k: int,
                  zipf_exponent: float = 0.0, backend: str = "loop", expert: str = "swiglu", dtype: str = "float32",
-                 seed: int = 0) -> Workload:
+                 seed: int = 0) -> PlacementWorkload:
     """A MoE layer under Zipf routing of ``zipf_exponent`` (0 uniform, larger concentrates)."""
     cfg = MoEConfig(tokens=tokens, d_model=d_model, d_ff=d_ff, num_experts=num_experts, top_k=top_k, expert=expert,
                     backend=backend, dtype=dtype)
@@ -103,14 +103,14 @@ def moe_workload(name: str, *, tokens: int, d_model: int, d_ff: int, num_experts
     resident = el * (d_model * num_experts + projections * num_experts * d_model * d_ff + tokens * d_model)
     resident += routing.expert_ids.size * (INDEX_BYTES + 4)
     metrics = routing.metrics()
-    return Workload(name, tuple(trace), footprint_bytes(resident, trace), MoEFactory(cfg, routing, seed), {
+    return PlacementWorkload(name, tuple(trace), footprint_bytes(resident, trace), MoEFactory(cfg, routing, seed), {
         "kind": "moe", "shape": f"T{tokens} D{d_model} F{d_ff} E{num_experts} k{top_k} {backend}",
         "skew": f"zipf {zipf_exponent:g}: max/mean {metrics['max_over_mean']:.2f}, {int(metrics['experts_used'])} experts hit",
     })
 
 
 def gnn_workload(name: str, *, num_nodes: int, num_edges: int, width: int, rmat_a: float, backend: str = "index_add",
-                 kind: str = "gcn", dtype: str = "float32", seed: int = 0) -> Workload:
+                 kind: str = "gcn", dtype: str = "float32", seed: int = 0) -> PlacementWorkload:
     """A GCN/SAGE layer of ``width`` features on an R-MAT graph (a = 0.25 uniform .. 0.9 very skewed)."""
     cfg = GNNConfig(num_nodes=num_nodes, in_features=width, out_features=width, kind=kind, backend=backend, dtype=dtype)
     if not 0.25 <= rmat_a < 1:
@@ -125,19 +125,19 @@ def gnn_workload(name: str, *, num_nodes: int, num_edges: int, width: int, rmat_
     resident = el * (num_nodes * width + width * width * (2 if kind == "sage" else 1) + num_edges) + 2 * num_edges * INDEX_BYTES
     resident += gnn_backend(backend).graph_bytes(num_nodes, num_edges, dtype)  # e.g. the CSR adjacency
     cvs = (min(stats["degree_cv"], stats["out_degree_cv"]), max(stats["degree_cv"], stats["out_degree_cv"]))
-    return Workload(name, tuple(trace), footprint_bytes(resident, trace),
+    return PlacementWorkload(name, tuple(trace), footprint_bytes(resident, trace),
                     GNNFactory(cfg, edge_index.numpy().copy(), cvs, seed), {
                         "kind": "gnn", "shape": f"N{num_nodes} E{num_edges} W{width} {kind} {backend}",
                         "skew": f"rmat a {rmat_a:g}: in-degree CV {stats['degree_cv']:.2f}",
                     })
 
 
-def mlp_workload(name: str, *, batch: int, d_model: int, d_hidden: int, dtype: str = "float32", seed: int = 0) -> Workload:
+def mlp_workload(name: str, *, batch: int, d_model: int, d_hidden: int, dtype: str = "float32", seed: int = 0) -> PlacementWorkload:
     """A dense two-layer MLP [batch, d_model] -> d_hidden -> d_model."""
     cfg = MLPConfig(batch=batch, d_model=d_model, d_hidden=d_hidden, dtype=dtype)
     trace = mlp_trace(cfg)
     resident = DTYPE_BYTES[dtype] * (2 * d_model * d_hidden + batch * d_model)
-    return Workload(name, tuple(trace), footprint_bytes(resident, trace), MLPFactory(cfg, seed), {
+    return PlacementWorkload(name, tuple(trace), footprint_bytes(resident, trace), MLPFactory(cfg, seed), {
         "kind": "mlp", "shape": f"B{batch} D{d_model} H{d_hidden}", "skew": "",
     })
 
@@ -161,11 +161,11 @@ class ImportedFactory:
 
 
 def trace_workload(name: str, trace: Sequence[KernelSpec], factory: Any, *, resident_bytes: int = 0,
-                   columns: dict[str, Any] | None = None) -> Workload:
+                   columns: dict[str, Any] | None = None) -> PlacementWorkload:
     """A workload from any trace (a captured module's descriptors) and a factory that runs it
     (``ImportedFactory`` or any picklable object with ``build(device)``)."""
     trace = tuple(trace)
-    return Workload(name, trace, footprint_bytes(resident_bytes, trace) if trace else int(resident_bytes), factory,
+    return PlacementWorkload(name, trace, footprint_bytes(resident_bytes, trace) if trace else int(resident_bytes), factory,
                     columns or {"kind": "trace", "shape": f"{len(trace)} kernels", "skew": ""})
 
 
@@ -177,7 +177,7 @@ def trace_suite(trace: Sequence[KernelSpec]) -> TaggedSpecs:
     return (gemm_suite(gemms) if gemms else []) + small_op_suite(trace) + rest
 
 
-def calibration_suite(workloads: Sequence[Workload]) -> TaggedSpecs:
+def calibration_suite(workloads: Sequence[PlacementWorkload]) -> TaggedSpecs:
     """The kernels a profile needs to predict ``workloads``, each once."""
     out: TaggedSpecs = []
     for w in workloads:

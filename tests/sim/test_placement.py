@@ -15,7 +15,7 @@ from costmodel.device import fingerprint
 from costmodel.kernels import GemmSpec
 from costmodel.predictor import CostModel
 from sim.executor import devices_can_run_together, run_placements
-from sim.placement import Device, PlacementError, Workload, cost_matrix, place, solve
+from sim.placement import Device, PlacementError, PlacementWorkload, cost_matrix, place, solve
 from sim.placement_workloads import GNNFactory, calibration_suite, gnn_workload, mlp_workload, moe_workload
 from sim.gnn_layer import GNNConfig
 
@@ -41,14 +41,14 @@ def _device(name: str, rate: float = 1e9, memory: int = GIB, cores=None, threads
     return Device(name, _model(rate, threads), memory, cores)
 
 
-def _workload(name: str, gflop: float, memory: int = 0) -> Workload:
+def _workload(name: str, gflop: float, memory: int = 0) -> PlacementWorkload:
     """A workload of one GEMM with ``gflop`` GFLOP (2MKN, M = gflop * 500, K = N = 1000)."""
-    return Workload(name, (GemmSpec(int(round(gflop * 500)), 1000, 1000),), memory, mlp_workload("x", batch=1, d_model=4,
+    return PlacementWorkload(name, (GemmSpec(int(round(gflop * 500)), 1000, 1000),), memory, mlp_workload("x", batch=1, d_model=4,
                                                                                                     d_hidden=4).factory)
 
 
 def _from_table(times: dict[tuple[str, str], float]):
-    def predict(w: Workload, d: Device) -> float:
+    def predict(w: PlacementWorkload, d: Device) -> float:
         return times[(w.name, d.name)]
     return predict
 
@@ -169,11 +169,11 @@ def test_bad_costs_and_bad_workloads_are_named():
     with pytest.raises(PlacementError, match=r"finite seconds >= 0.*'a', 'x', -1.0"):
         place([_workload("a", 1.0)], [_device("x")], lambda w, d: -1.0)
     with pytest.raises(PlacementError, match="trace must list at least one kernel"):
-        Workload("a", (), 0, _workload("b", 1.0).factory)
+        PlacementWorkload("a", (), 0, _workload("b", 1.0).factory)
     with pytest.raises(PlacementError, match="memory_bytes must be an integer >= 0"):
-        Workload("a", (GemmSpec(1, 1, 1),), -1, _workload("b", 1.0).factory)
+        PlacementWorkload("a", (GemmSpec(1, 1, 1),), -1, _workload("b", 1.0).factory)
     with pytest.raises(PlacementError, match="factory must have a build"):
-        Workload("a", (GemmSpec(1, 1, 1),), 0, object())
+        PlacementWorkload("a", (GemmSpec(1, 1, 1),), 0, object())
     with pytest.raises(PlacementError, match="solver must be one of"):
         place([_workload("a", 1.0)], [_device("x")], "L0", solver="cplex")
 
@@ -232,7 +232,7 @@ def test_overlapping_devices_run_one_after_the_other_and_worker_errors_surface()
     p = place(workloads, devices, "L0")
     run = run_placements([p], workloads, devices, repeats=1, progress=False)[p.key()]
     assert not run.concurrent and run.walls_s.shape == (1, 2)
-    bad = Workload("bad", workloads[0].trace, 0, GNNFactory(GNNConfig(num_nodes=4, in_features=2, out_features=2),
+    bad = PlacementWorkload("bad", workloads[0].trace, 0, GNNFactory(GNNConfig(num_nodes=4, in_features=2, out_features=2),
                                                              np.array([[0, 9], [1, 2]]), (0.0, 1.0), 0))
     pb = place([bad], devices[1:], "L0")
     with pytest.raises(RuntimeError, match=r"device worker 'one' failed:(.|\n)*edge_index values must be in"):
@@ -280,7 +280,7 @@ def test_any_trace_plugs_in_with_an_imported_factory():
 
 
 class FakeWorkload:
-    """Looks like a workload (a name, a memory size) but has no trace and is no Workload."""
+    """Looks like a workload (a name, a memory size) but has no trace and is no PlacementWorkload."""
 
     name = "fake"
     memory_bytes = 0
@@ -288,10 +288,10 @@ class FakeWorkload:
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda ws, ds: (ws + [FakeWorkload()], ds), r"workloads\[2\] \('fake'\) is a FakeWorkload, not a sim.placement.Workload"),
-    (lambda ws, ds: (["a"], ds), r"workloads\[0\] \('a'\) is a str, not a sim.placement.Workload"),
+    (lambda ws, ds: (ws + [FakeWorkload()], ds), r"workloads\[2\] \('fake'\) is a FakeWorkload, not a sim.placement.PlacementWorkload"),
+    (lambda ws, ds: (["a"], ds), r"workloads\[0\] \('a'\) is a str, not a sim.placement.PlacementWorkload"),
     (lambda ws, ds: (ws, ds + ["gpu"]), r"devices\[1\] \('gpu'\) is a str, not a sim.placement.Device"),
-    (lambda ws, ds: ("ab", ds), r"workloads must be a list of sim.placement.Workload, got str"),
+    (lambda ws, ds: ("ab", ds), r"workloads must be a list of sim.placement.PlacementWorkload, got str"),
 ])
 def test_what_is_not_a_workload_or_device_is_refused_by_name(make, message):
     ws, ds = make([_workload("a", 1.0), _workload("b", 1.0)], [_device("x")])
@@ -316,7 +316,7 @@ def test_bools_are_no_sizes_counts_or_limits():
     with pytest.raises(PlacementError, match="device 'x': memory_bytes must be a positive integer, got True"):
         Device("x", _model(), True)
     with pytest.raises(PlacementError, match="workload 'a': memory_bytes must be an integer >= 0, got True"):
-        Workload("a", (GemmSpec(1, 1, 1),), True, _workload("b", 1.0).factory)
+        PlacementWorkload("a", (GemmSpec(1, 1, 1),), True, _workload("b", 1.0).factory)
     with pytest.raises(PlacementError, match="cores must be a list of distinct integer core ids"):
         Device("x", _model(), GIB, (True,))
     with pytest.raises(PlacementError, match="cores must be distinct"):
