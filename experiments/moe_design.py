@@ -11,6 +11,11 @@ measured). With ``measure=true`` the ``design.anchor`` layer's kernels are calib
 the profile lacks them, and then ``design.calibrate_kernels`` of the grid's own distinct
 kernels, spread over each family's predicted range, are measured and the models refit.
 
+Pairs with ``top_k > num_experts`` are left out of the grid (a note says how many); a
+``design.top_k`` value larger than every ``design.num_experts`` value is refused before any
+work (it would add no design point). Every ``design.*`` and ``sample.*`` key is checked by
+``validate`` (``check_design``), which a ``-m`` sweep runs on every job before the first.
+
 The decision table, per region (``design.regions``, e.g. tokens x experts): the fastest
 backend by L3 (the one fastest at most of the region's design points, with that share),
 its median predicted margin over the next backend, and the share of points where L0
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -68,7 +74,7 @@ from experiments.common import (  # noqa: E402
 from experiments.workloads import heldout_for, scored_tables  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, grid_sample_suite, moe_suite  # noqa: E402
-from sim.moe_layer import MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
+from sim.moe_layer import EXPERT_KINDS, MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.routing import route  # noqa: E402
 from sim.simulator import TraceBatch, predict_traces  # noqa: E402
 
@@ -90,27 +96,97 @@ MAX_PASSES = 5
 # ----------------------------------------------------------------------------- validation
 
 
+def _items(value: Any) -> list:
+    """A config list as a list (a single value is one item, a string is not its letters)."""
+    if isinstance(value, (str, bytes, int, float)) or value is None:
+        return [value]
+    try:
+        return list(value)
+    except TypeError:
+        return [value]
+
+
 def _positive_ints(design: Mapping[str, Any], key: str) -> list[int]:
-    values = list(design[key])
+    values = _items(design[key])
     if not values or any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in values):
         raise ValueError(f"design.{key} must be a non-empty list of positive integers (>= 1), got {values!r}")
     return values
 
 
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer (>= 1), got {value!r}")
+    return value
+
+
+def check_capacity(capacity: Any) -> float | None:
+    """``design.capacity_factor``: a finite number > 0, or null for no capacity limit."""
+    if capacity is None:
+        return None
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not (math.isfinite(capacity) and capacity > 0):
+        raise ValueError(f"design.capacity_factor must be a finite number > 0 (such as 1.25) or null for no capacity "
+                         f"limit, got {capacity!r}")
+    return float(capacity)
+
+
+def check_top_k(top_k: Sequence[int], num_experts: Sequence[int]) -> int:
+    """Every ``design.top_k`` value must fit at least one ``design.num_experts`` value (a k
+    larger than every E is refused: it adds no design point, most likely a typo); pairs with
+    k > E where k fits another E are left out of the grid. Returns how many pairs are left out."""
+    too_big = [k for k in top_k if k > max(num_experts)]
+    if too_big:
+        raise ValueError(f"design.top_k={too_big if len(too_big) > 1 else too_big[0]} exceeds every design.num_experts "
+                         f"({list(num_experts)}); top_k must be in [1, max(design.num_experts)={max(num_experts)}]")
+    return sum(1 for k in top_k for e in num_experts if k > e)
+
+
+def check_regions(value: Any) -> list[list[str]]:
+    """``design.regions``: distinct pairs of two different columns among ``REGION_COLUMNS``."""
+    regions = []
+    for r in _items(value):
+        r = [r] if isinstance(r, str) else list(r) if isinstance(r, Sequence) else [r]
+        if len(r) != 2 or any(c not in REGION_COLUMNS for c in r):
+            raise ValueError(f"design.regions entries must be pairs of {list(REGION_COLUMNS)}, got {r!r}")
+        if r[0] == r[1]:
+            raise ValueError(f"design.regions entry {r!r} names {r[0]!r} twice; a region is a pair of two different "
+                             f"columns among {list(REGION_COLUMNS)}")
+        if r in regions:
+            raise ValueError(f"design.regions lists {r!r} twice; each pair of columns may appear once")
+        regions.append(r)
+    if not regions:
+        raise ValueError("design.regions must list at least one pair of columns")
+    return regions
+
+
+def check_anchor(value: Any) -> dict[str, int]:
+    """``design.anchor``: the layer calibrated with measure=true, {tokens, d_model, num_experts, top_k}."""
+    keys = ("tokens", "d_model", "num_experts", "top_k")
+    if not isinstance(value, Mapping) or set(value) != set(keys):
+        raise ValueError(f"design.anchor must be a mapping with exactly the keys {list(keys)}, got {value!r}")
+    anchor = {k: _positive_int(value[k], f"design.anchor.{k}") for k in keys}
+    if anchor["top_k"] > anchor["num_experts"]:
+        raise ValueError(f"design.anchor.top_k must be in [1, design.anchor.num_experts={anchor['num_experts']}], "
+                         f"got {anchor['top_k']}")
+    return anchor
+
+
 def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Every design key validated (clear errors naming the key) before any work."""
+    """Every design key validated (clear errors naming the ``design.*`` or ``sample.*`` key)
+    before any work; also run on every job of a ``-m`` sweep (``validate``)."""
     d = cfg["design"]
     axes = {k: _positive_ints(d, k) for k in GRID_AXES}
+    skipped_pairs = check_top_k(axes["top_k"], axes["num_experts"])
     mult = d["ffn_mult"]
-    if not isinstance(mult, int) or mult < 1:
+    if isinstance(mult, bool) or not isinstance(mult, int) or mult < 1:
         raise ValueError(f"design.ffn_mult must be a positive integer (>= 1), got {mult!r}")
-    backends = list(d["backends"])
+    expert = d["expert"]
+    if expert not in EXPERT_KINDS:
+        raise ValueError(f"design.expert must be one of {list(EXPERT_KINDS)}, got {expert!r}")
+    backends = _items(d["backends"])
     bad = [b for b in backends if b not in MOE_BACKENDS]
     if not backends or bad or len(set(backends)) != len(backends):
         raise ValueError(f"design.backends must list distinct backends among {list(MOE_BACKENDS)}, got {backends!r}")
-    capacity = d.get("capacity_factor")
-    if capacity is not None and not (isinstance(capacity, (int, float)) and capacity > 0):
-        raise ValueError(f"design.capacity_factor must be > 0 or null, got {capacity!r}")
+    capacity = check_capacity(d.get("capacity_factor"))
     if not d["routings"]:
         raise ValueError("design.routings must list at least one routing generator")
     routings = []  # (label, generator name, param, value, generator)
@@ -120,29 +196,25 @@ def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
         for value, gen in instantiate_sweep(section, f"design.routings[{i}]"):
             label = name if param is None else f"{name} {param}={value:g}"
             routings.append((label, name, param, value, gen))
-    regions = [list(r) for r in d["regions"]]
-    for r in regions:
-        if len(r) != 2 or any(c not in REGION_COLUMNS for c in r):
-            raise ValueError(f"design.regions entries must be pairs of {list(REGION_COLUMNS)}, got {r!r}")
-    if not regions:
-        raise ValueError("design.regions must list at least one pair of columns")
+    regions = check_regions(d["regions"])
     s = cfg["sample"]
-    if not isinstance(s["points"], int) or s["points"] < 1:
+    if isinstance(s["points"], bool) or not isinstance(s["points"], int) or s["points"] < 1:
         raise ValueError(f"sample.points must be a positive integer (>= 1), got {s['points']!r}")
     for key in ("max_weight_bytes", "max_predicted_s"):
-        if not (isinstance(s[key], (int, float)) and s[key] > 0):
+        if isinstance(s[key], bool) or not (isinstance(s[key], (int, float)) and s[key] > 0):
             raise ValueError(f"sample.{key} must be > 0, got {s[key]!r}")
-    if not (isinstance(s["noise_pct"], (int, float)) and 0 <= s["noise_pct"] < 100):
+    if isinstance(s["noise_pct"], bool) or not (isinstance(s["noise_pct"], (int, float)) and 0 <= s["noise_pct"] < 100):
         raise ValueError(f"sample.noise_pct must be in [0, 100), got {s['noise_pct']!r}")
     passes = s.get("passes", 1)
     if isinstance(passes, bool) or not isinstance(passes, int) or not 1 <= passes <= MAX_PASSES:
         raise ValueError(f"sample.passes must be an integer in [1, {MAX_PASSES}], got {passes!r}")
-    anchor = dict(d["anchor"])
+    anchor = check_anchor(d["anchor"])
     calibrate = d.get("calibrate_kernels", 0)
     if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 0:
         raise ValueError(f"design.calibrate_kernels must be an integer >= 0 (0 = none), got {calibrate!r}")
-    return {**axes, "calibrate_kernels": calibrate, "ffn_mult": mult, "backends": backends, "capacity_factor": capacity, "routings": routings,
-            "regions": regions, "expert": str(d["expert"]), "anchor": anchor}
+    return {**axes, "calibrate_kernels": calibrate, "ffn_mult": mult, "backends": backends, "capacity_factor": capacity,
+            "routings": routings, "regions": regions, "expert": str(expert), "anchor": anchor,
+            "skipped_pairs": skipped_pairs}
 
 
 # ----------------------------------------------------------------------------- grid
@@ -416,9 +488,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     unavailable = {c.backend: r for c in probe if (r := backend_unavailable_reason(c, rt.device))}
     if measuring and unavailable:  # predictions are fine; the sample cannot time them
         raise ValueError(f"design.backends holds backends that cannot run here {unavailable}; drop them or set measure=false")
-    anchor_cfgs = [MoEConfig(**{k: int(v) for k, v in spec["anchor"].items()}, d_ff=spec["ffn_mult"] * int(spec["anchor"]["d_model"]),
+    anchor_cfgs = [MoEConfig(**spec["anchor"], d_ff=spec["ffn_mult"] * spec["anchor"]["d_model"],
                              expert=spec["expert"], backend=b, dtype=rt.dtype) for b in spec["backends"]]
     out = output_dir(cfg, out_dir)
+    if spec["skipped_pairs"]:
+        console.print(f"note: {spec['skipped_pairs']} (design.top_k, design.num_experts) pairs with top_k > num_experts "
+                      "are left out of the grid (a token cannot pick more distinct experts than there are)")
 
     if measuring:
         model = calibrated_model(rt, moe_suite(anchor_cfgs), suite_name="moe", progress=progress,
