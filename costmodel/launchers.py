@@ -13,14 +13,18 @@ A launcher whose plugin is not installed is refused before Hydra starts, naming 
 package to install (Hydra's own message only lists the launchers it found). A job that
 measures refuses to run under a launcher that runs several jobs at once on one machine
 (joblib with ``n_jobs`` other than 1, submitit_local): two timing loops on shared cores time
-each other (the README measured one run 18x slower that way).
+each other (the README measured one run 18x slower that way). A ``-m`` sweep with such a job
+is refused in the launching process before any job starts (``sweep_refusal``, called by the
+sweep callback ``costmodel.sweep_check.ValidateSweep`` with ``job_measures``); each job still
+checks again for itself (``refuse_parallel_measuring``).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 #: launcher name -> (module the plugin installs, the package that provides it)
 PLUGINS: dict[str, tuple[str, str]] = {
@@ -56,16 +60,9 @@ def missing_plugin_message(argv: Sequence[str]) -> str | None:
     return None
 
 
-def parallel_on_this_machine() -> str | None:
-    """Inside a Hydra job: why its launcher runs several jobs at once on this machine, or
-    None (basic launcher, joblib with n_jobs=1, Slurm, or not under Hydra at all)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from hydra.types import RunMode
-
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-        return None  # a single run (no -m) runs in this process whatever launcher is configured
-    launcher = HydraConfig.get().launcher
+def parallel_reason(launcher: Mapping[str, Any]) -> str | None:
+    """Why the launcher config ``launcher`` (``hydra.launcher``) runs several jobs at once on
+    this machine, or None (basic launcher, joblib with n_jobs=1, Slurm)."""
     target = str(launcher.get("_target_", ""))
     if target.endswith("JoblibLauncher"):
         n_jobs = launcher.get("n_jobs")
@@ -76,13 +73,57 @@ def parallel_on_this_machine() -> str | None:
     return None
 
 
+def parallel_on_this_machine() -> str | None:
+    """Inside a Hydra job: why its launcher runs several jobs at once on this machine, or
+    None (basic launcher, joblib with n_jobs=1, Slurm, or not under Hydra at all)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None  # a single run (no -m) runs in this process whatever launcher is configured
+    return parallel_reason(HydraConfig.get().launcher)
+
+
+#: how to get out of a refusal (the same words inside a job and before a sweep)
+WAYS_OUT = ("Run the sweep with the basic launcher (drop hydra/launcher; jobs run one after another), with "
+            "hydra.launcher.n_jobs=1, or one job per node with hydra/launcher=slurm_node; predict-only jobs "
+            "(measure=false: moe_design, moe_skew, gnn_degree) may run in parallel.")
+
+
 def refuse_parallel_measuring(what: str) -> None:
     """Raise before any work when a measuring job runs beside others on this machine."""
     reason = parallel_on_this_machine()
     if reason:
         raise LauncherError(
             f"{what} measures on this machine, and {reason}: jobs timing at once share its cores and time each other. "
-            "Run the sweep with the basic launcher (drop hydra/launcher; jobs run one after another), with "
-            "hydra.launcher.n_jobs=1, or one job per node with hydra/launcher=slurm_node; predict-only jobs "
-            "(measure=false) may run in parallel."
+            + WAYS_OUT
         )
+
+
+def job_measures(cfg: Mapping[str, Any]) -> bool:
+    """Whether one job of a sweep (its composed config) times anything on this machine.
+
+    ``python -m costmodel bench`` (a config without an experiment ``name``) always does;
+    ``python -m sim``: as ``sim.__main__.measures`` says for ``experiments.<name>`` (its
+    ``MEASURES``: "always"; "optional" unless measure=false; "never"), which also refuses
+    measure=false on an experiment that always measures (a ``ValueError``)."""
+    name = cfg.get("name")
+    if name is None:
+        return True
+    from sim.__main__ import measures  # noqa: PLC0415 (sim sits above costmodel; only its sweeps get here)
+
+    return measures(importlib.import_module(f"experiments.{name}"), cfg)
+
+
+def sweep_refusal(launcher: Mapping[str, Any], measuring: Sequence[str], jobs: int) -> str | None:
+    """Before a ``-m`` sweep starts: why it cannot run (one paragraph), or None.
+
+    ``launcher`` is the sweep's ``hydra.launcher``, ``measuring`` the jobs that measure (each
+    named by its overrides), ``jobs`` how many the sweep has."""
+    reason = parallel_reason(launcher)
+    if not reason or not measuring:
+        return None
+    shown = "; ".join(measuring[:3]) + ("; ..." if len(measuring) > 3 else "")
+    return (f"{len(measuring)} of {jobs} jobs of this sweep measure on this machine ({shown}), and {reason}: jobs "
+            f"timing at once share its cores and time each other, so no job was run. " + WAYS_OUT)

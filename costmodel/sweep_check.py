@@ -14,7 +14,11 @@ conf/config.yaml and conf/bench.yaml.
 
 Every invalid job is reported, one line each, naming the job's overrides and the error;
 then the run stops with exit status 2 before any job started (``HYDRA_FULL_ERROR=1``
-raises the first error with its traceback instead). A sweep this callback cannot expand
+raises the first error with its traceback instead). Under a launcher that runs several
+jobs at once on this machine (joblib with n_jobs other than 1, submitit_local), a sweep
+with any job that measures (``costmodel.launchers.job_measures``) is refused the same way,
+in one paragraph naming the ways out (measure=false, the serial basic launcher, one job
+per Slurm node). A sweep this callback cannot expand
 (a sweeper with interval or other non-discrete sweeps) is left to the sweeper, with a note.
 """
 
@@ -55,44 +59,69 @@ def compose_job(config: DictConfig, overrides: list[str]) -> DictConfig:
 
 def check_jobs(config: DictConfig, validator: Callable[[DictConfig], Any]) -> list[tuple[list[str], BaseException]]:
     """(overrides, error) of every job whose config the validator refuses."""
+    return check_sweep(config, validator)[0]
+
+
+def check_sweep(config: DictConfig, validator: Callable[[DictConfig], Any],
+                measures: Callable[[DictConfig], bool] | None = None,
+                ) -> tuple[list[tuple[list[str], BaseException]], list[list[str]]]:
+    """Every job's config composed once: (overrides, error) of each job the validator (or
+    ``measures``) refuses, and the overrides of each valid job that ``measures`` says times
+    something on this machine (none without ``measures``)."""
     from hydra.errors import HydraException
 
-    failures = []
+    failures, measuring = [], []
     for overrides in job_overrides(config):
         try:
-            validator(compose_job(config, overrides))
+            job = compose_job(config, overrides)
+            validator(job)
+            if measures is not None and measures(job):
+                measuring.append(overrides)
         except (*USER_ERRORS, HydraException) as err:  # a bad value, or a key this job's config lacks
             failures.append((overrides, err))
-    return failures
+    return failures, measuring
 
 
 class ValidateSweep(Callback):
-    """Hydra callback: refuse a multirun whose any job's config is invalid, before any job runs.
+    """Hydra callback: refuse a multirun whose any job's config is invalid, or whose measuring
+    jobs a parallel launcher would run side by side on this machine, before any job runs.
 
-    ``validator`` is the dotted path of a function taking one job's composed config.
+    ``validator`` is the dotted path of a function taking one job's composed config;
+    ``measures`` of one saying whether that job times anything on this machine
+    (``costmodel.launchers.job_measures`` unless given).
     """
 
-    def __init__(self, validator: str) -> None:
+    def __init__(self, validator: str, measures: str = "costmodel.launchers.job_measures") -> None:
         self.validator = validator
+        self.measures = measures
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from hydra.errors import HydraException
         from hydra.utils import get_method
+
+        from costmodel.launchers import LauncherError, parallel_reason, sweep_refusal
 
         try:
             jobs = job_overrides(config)
         except HydraException as err:  # e.g. interval sweeps of an optimising sweeper
             log.info(f"sweep configs not validated up front ({err}); each job validates its own")
             return
-        failures = check_jobs(config, get_method(self.validator))
-        if not failures:
-            log.info(f"validated the configs of all {len(jobs)} jobs of the sweep")
-            return
-        if full_error_wanted():
-            raise failures[0][1]
+        # which jobs measure matters only when the launcher runs jobs side by side here
+        measures = get_method(self.measures) if parallel_reason(config.hydra.launcher) else None
+        failures, measuring = check_sweep(config, get_method(self.validator), measures)
         swept = [i for i in range(len(jobs[0])) if len({tuple(j)[i] for j in jobs}) > 1] if jobs else []
-        for overrides, err in failures:
-            shown = [overrides[i] for i in swept] or overrides
-            log.error(f"job {' '.join(shown) or '(no overrides)'}: {one_line(err)}")
-        exit_for_user_error(ValueError(f"{len(failures)} of {len(jobs)} jobs of the sweep have invalid configs "
-                                       "(listed above); no job was run"))
+
+        def shown(overrides: list[str]) -> str:
+            return " ".join([overrides[i] for i in swept] or overrides) or "(no overrides)"
+
+        if failures:
+            if full_error_wanted():
+                raise failures[0][1]
+            for overrides, err in failures:
+                log.error(f"job {shown(overrides)}: {one_line(err)}")
+            exit_for_user_error(ValueError(f"{len(failures)} of {len(jobs)} jobs of the sweep have invalid configs "
+                                           "(listed above); no job was run"))
+        refusal = sweep_refusal(config.hydra.launcher, [shown(o) for o in measuring], len(jobs))
+        if refusal:
+            exit_for_user_error(LauncherError(refusal))
+        log.info(f"validated the configs of all {len(jobs)} jobs of the sweep")

@@ -124,3 +124,73 @@ def test_joblib_runs_predict_only_jobs_in_parallel_and_refuses_measuring_ones(pr
     assert refused.returncode != 0
     assert "experiment=mlp_batch measures on this machine" in refused.stderr
     assert not (tmp_path / "never").exists()  # refused before calibrating anything
+
+
+# ----------------------------------------------------------------------------- before the sweep starts (issue 28)
+
+
+def _sweep(*overrides: str):
+    """A -m sweep's config, as the launching process's sweep callback sees it."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    return GlobalHydra.instance().hydra.compose_config("config", list(overrides), run_mode=RunMode.MULTIRUN,
+                                                        with_log_configuration=False)
+
+
+def _callback_outcome(caplog, *overrides: str) -> tuple[int | None, list[str]]:
+    """(exit status or None when the sweep may start, error lines logged) of the sweep callback."""
+    import logging
+
+    from costmodel.sweep_check import ValidateSweep
+
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = _sweep(*overrides)
+        with caplog.at_level(logging.INFO):
+            try:
+                ValidateSweep("experiments.common.validate_experiment").on_multirun_start(cfg)
+            except SystemExit as stop:
+                return stop.code, [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    return None, [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+WAYS_OUT = ("Run the sweep with the basic launcher (drop hydra/launcher; jobs run one after another), with "
+            "hydra.launcher.n_jobs=1, or one job per node with hydra/launcher=slurm_node; predict-only jobs "
+            "(measure=false: moe_design, moe_skew, gnn_degree) may run in parallel.")
+
+
+def test_a_parallel_sweep_of_measuring_jobs_is_refused_before_any_job(caplog, tmp_path):
+    code, errors = _callback_outcome(caplog, "experiment=mlp_batch", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                                     "mlp.batches=[1],[2]", f"profile.root={tmp_path}")
+    assert code == 2
+    assert errors == [
+        "error: 2 of 2 jobs of this sweep measure on this machine (mlp.batches=[1]; mlp.batches=[2]), and the joblib "
+        "launcher runs hydra.launcher.n_jobs=2 jobs at once here: jobs timing at once share its cores and time each "
+        "other, so no job was run. " + WAYS_OUT]
+    assert not list(tmp_path.iterdir())
+
+
+def test_submitit_local_with_one_measuring_job_among_predict_only_ones_is_refused(caplog, tmp_path):
+    code, errors = _callback_outcome(caplog, "experiment=moe_skew", "hydra/launcher=submitit_local", "measure=true,false",
+                                     f"profile.root={tmp_path}")
+    assert code == 2
+    assert errors == [
+        "error: 1 of 2 jobs of this sweep measure on this machine (measure=True), and the submitit_local launcher "
+        "starts every job at once on this machine: jobs timing at once share its cores and time each other, so no "
+        "job was run. " + WAYS_OUT]
+
+
+@pytest.mark.parametrize("overrides", [
+    ["experiment=moe_skew", "measure=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],  # predicts only
+    ["experiment=mlp_batch", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1"],  # one job at a time
+    ["experiment=mlp_batch"],  # the basic launcher: one after another
+])
+def test_predict_only_or_serial_sweeps_may_start(caplog, tmp_path, overrides):
+    assert _callback_outcome(caplog, *overrides, "seed=0,1", f"profile.root={tmp_path}") == (None, [])
+
+
+def test_measure_false_on_an_experiment_that_always_measures_is_refused_up_front(caplog, tmp_path):
+    code, errors = _callback_outcome(caplog, "experiment=mlp_batch", "measure=true,false", "hydra/launcher=joblib",
+                                     "hydra.launcher.n_jobs=2", f"profile.root={tmp_path}")
+    assert code == 2
+    assert errors[0] == ("job measure=False: error: experiment=mlp_batch always measures; measure=false (predict only) "
+                         "is supported by moe_design, moe_skew, gnn_degree")
