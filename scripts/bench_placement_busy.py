@@ -247,12 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from costmodel.profile import ProfileError
+    from costmodel.cli_errors import USER_ERRORS, one_line
 
     try:
         result = run(args)
-    except (BenchError, ProfileError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:  # BenchError, a corrupt profile, one without the workloads' kernel families
+        print(one_line(err), file=sys.stderr)
         return 2
     print_table(result)
     write_json(args.out, result)

@@ -144,3 +144,13 @@ def test_a_missed_target_exits_1_and_writes_the_json(tmp_path, monkeypatch, caps
     assert "beside hog       1.300     0.300    1.200    1.500" in text
     assert "busy median 1.300 s: OVER the 1 s target (2 hog processes, 2 CPUs)" in text
     assert json.loads(out.read_text())["busy"]["median_s"] == 1.3
+
+
+def test_a_profile_that_cannot_predict_the_workloads_is_one_line(tmp_path, capsys, monkeypatch):
+    def run(args):
+        raise ValueError("L3 was fitted without families ['gather']; measure them\nand refit")
+
+    monkeypatch.setattr(bench, "run", run)
+    assert bench.main(["--out", str(tmp_path / "x.json")]) == 2
+    assert capsys.readouterr().err == "error: L3 was fitted without families ['gather']; measure them and refit\n"
+    assert not (tmp_path / "x.json").exists()
