@@ -99,16 +99,15 @@ class ValidateSweep(Callback):
         from hydra.errors import HydraException
         from hydra.utils import get_method
 
-        from costmodel.launchers import LauncherError, parallel_reason, sweep_refusal
+        from costmodel.launchers import LauncherError, sweep_refusal
 
         try:
             jobs = job_overrides(config)
         except HydraException as err:  # e.g. interval sweeps of an optimising sweeper
             log.info(f"sweep configs not validated up front ({err}); each job validates its own")
             return
-        # which jobs measure matters only when the launcher runs jobs side by side here
-        measures = get_method(self.measures) if parallel_reason(config.hydra.launcher) else None
-        failures, measuring = check_sweep(config, get_method(self.validator), measures)
+        # every launcher: measures() refuses measure=false where an experiment always measures
+        failures, measuring = check_sweep(config, get_method(self.validator), get_method(self.measures))
         swept = [i for i in range(len(jobs[0])) if len({tuple(j)[i] for j in jobs}) > 1] if jobs else []
 
         def shown(overrides: list[str]) -> str:

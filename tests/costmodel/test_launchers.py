@@ -188,9 +188,30 @@ def test_predict_only_or_serial_sweeps_may_start(caplog, tmp_path, overrides):
     assert _callback_outcome(caplog, *overrides, "seed=0,1", f"profile.root={tmp_path}") == (None, [])
 
 
-def test_measure_false_on_an_experiment_that_always_measures_is_refused_up_front(caplog, tmp_path):
-    code, errors = _callback_outcome(caplog, "experiment=mlp_batch", "measure=true,false", "hydra/launcher=joblib",
-                                     "hydra.launcher.n_jobs=2", f"profile.root={tmp_path}")
+@pytest.mark.parametrize("launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], []])
+def test_measure_false_on_an_experiment_that_always_measures_is_refused_up_front(caplog, tmp_path, launcher):
+    code, errors = _callback_outcome(caplog, "experiment=mlp_batch", "measure=true,false", *launcher,
+                                     f"profile.root={tmp_path}")
     assert code == 2
     assert errors[0] == ("job measure=False: error: experiment=mlp_batch always measures; measure=false (predict only) "
                          "is supported by moe_design, moe_skew, gnn_degree")
+
+
+def test_a_parallel_bench_sweep_is_refused_before_any_job(caplog, tmp_path):
+    import logging
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from costmodel.sweep_check import ValidateSweep
+
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = GlobalHydra.instance().hydra.compose_config(
+            "bench", ["suite=quick", "bench.families=[sort],[gemm]", "hydra/launcher=submitit_local",
+                      f"profile.root={tmp_path}"], run_mode=RunMode.MULTIRUN, with_log_configuration=False)
+        with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as stop:
+            ValidateSweep("costmodel.bench_command.validate").on_multirun_start(cfg)
+    assert stop.value.code == 2
+    assert caplog.messages == [
+        "error: 2 of 2 jobs of this sweep measure on this machine (bench.families=[sort]; bench.families=[gemm]), and "
+        "the submitit_local launcher starts every job at once on this machine: jobs timing at once share its cores and "
+        "time each other, so no job was run. " + WAYS_OUT]
