@@ -14,7 +14,10 @@ when the holder exits or is killed, so a crash never leaves a stale lock behind)
   GFLOP/s and kernel medians 11x slower), so it waits (``mode: wait``, with a message naming
   the holder), refuses (``mode: refuse``) or, with ``mode: off``, measures anyway with a
   warning when it sees a holder. The holder writes who it is (pid, command, since when)
-  into the lock file; a waiter reads that to say what it waits for.
+  into the lock file; a waiter reads that to say what it waits for. A lock file the user
+  names (``measure_lock.path``) must be in an existing folder and openable: anything else is
+  a ``ValueError`` naming the setting, before any measuring (only the default file under the
+  system temp dir falls back to measuring without the lock, with a warning).
 
 The measuring lock is reentrant within a process (a bench that calibrates, an experiment
 wrapping calibration and layer timing): the held lock is kept in a per-process table.
@@ -147,8 +150,8 @@ class MeasureLockConfig:
             raise ValueError(f"measure_lock.mode must be one of {list(MEASURE_MODES)}, got {self.mode!r}")
         if isinstance(self.timeout_s, bool) or not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
             raise ValueError(f"measure_lock.timeout_s must be a number of seconds > 0, got {self.timeout_s!r}")
-        if self.path is not None and not isinstance(self.path, str):
-            raise ValueError(f"measure_lock.path must be a file path or null, got {self.path!r}")
+        if self.path is not None:
+            check_lock_path(self.path)
 
     @classmethod
     def from_cfg(cls, cfg: Any) -> "MeasureLockConfig":
@@ -166,6 +169,24 @@ class MeasureLockConfig:
 
     def lock_path(self) -> Path:
         return Path(self.path) if self.path else default_measure_lock_path()
+
+
+def check_lock_path(path: object) -> Path:
+    """``measure_lock.path``, a user-given lock file: a non-empty path whose folder exists and
+    that is not itself a folder. The folder is never created: a typo in it would otherwise give
+    each process its own lock, and two measuring processes would not see each other."""
+    if not isinstance(path, str) or not path.strip():
+        raise ValueError(f"measure_lock.path must be a file path or null (null: the machine-wide "
+                         f"{default_measure_lock_path()}), got {path!r}")
+    file = Path(path)
+    if not file.parent.is_dir():
+        raise ValueError(f"measure_lock.path={path!r}: its folder {file.parent.absolute()} does not exist; create it "
+                         f"(every process measuring on this machine must use the same lock file), or set "
+                         f"measure_lock.path=null for the machine-wide {default_measure_lock_path()}")
+    if file.is_dir():
+        raise ValueError(f"measure_lock.path={path!r} is a folder; it must name a lock file (created if missing), "
+                         f"or be null for the machine-wide {default_measure_lock_path()}")
+    return file
 
 
 def default_measure_lock_path() -> Path:
@@ -205,6 +226,11 @@ def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[di
     try:
         fd = _open_lock_file(path, shared=config.path is None)
     except OSError as err:
+        if config.path is not None:  # a lock file the user chose: refused, never silently skipped
+            raise ValueError(f"measure_lock.path={config.path!r}: cannot open the lock file {path.absolute()} "
+                             f"({err.strerror or err}); give a file every measuring process here can open for "
+                             f"writing, or set measure_lock.path=null for the machine-wide "
+                             f"{default_measure_lock_path()}") from None
         log.warning("cannot use the measuring lock %s (%s): measuring without it; set measure_lock.path "
                     "to a writable file to detect other measuring processes", path, err)
         note["unavailable"] = str(err)
