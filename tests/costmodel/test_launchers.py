@@ -121,9 +121,12 @@ def test_joblib_runs_predict_only_jobs_in_parallel_and_refuses_measuring_ones(pr
     refused = _sim("-m", "experiment=mlp_batch", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
                    "mlp.batches=[1],[2]", f"profile.root={tmp_path / 'never'}", f"hydra.sweep.dir={tmp_path / 'measure'}",
                    cwd=tmp_path)
-    assert refused.returncode != 0
-    assert "experiment=mlp_batch measures on this machine" in refused.stderr
+    assert refused.returncode == 2
+    assert ("error: 2 of 2 jobs of this sweep measure on this machine (mlp.batches=[1]; mlp.batches=[2]), and the "
+            "joblib launcher runs hydra.launcher.n_jobs=2 jobs at once here") in refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr
     assert not (tmp_path / "never").exists()  # refused before calibrating anything
+    assert not (tmp_path / "measure").exists()  # and before the launcher started any job
 
 
 # ----------------------------------------------------------------------------- before the sweep starts (issue 28)
