@@ -94,6 +94,8 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
         policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
     except ValueError as err:  # the API's own argument names, not the Hydra keys
         raise ValueError(str(err).replace("calibration.", "")) from None
+    if not isinstance(cold_cache, bool):  # "no" is truthy: it would load the cold profile
+        raise ValueError(f"cold_cache must be True or False, got {cold_cache!r}")
     dev = resolve_device(device)
     check_dtype(dtype, dev)
     check_threads(threads)

@@ -63,6 +63,8 @@ def test_routing_for_another_layer_shape_is_refused():
         (dict(refresh="sometimes"), r"^refresh must be one of \['never', 'auto', 'always'\]"),
         (dict(refresh="auto", tolerance=0), r"^tolerance must be a number in \(0, 10\)"),
         (dict(refresh="auto", kernels=["gemm"]), r"kernels must be kernel descriptors"),
+        (dict(cold_cache="no"), r"^cold_cache must be True or False, got 'no'"),
+        (dict(cold_cache=0), r"^cold_cache must be True or False, got 0"),
     ],
 )
 def test_load_cost_model_checks_every_argument_before_setting_anything(kwargs, message, tmp_path):
