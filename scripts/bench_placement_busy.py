@@ -19,8 +19,11 @@ now). One warm-up ``place``, then ``--repeats`` timed calls quiet, then as many 
 hog: ``--hog-processes`` Python processes busy-looping, each ending by itself after
 ``--hog-seconds`` at most and always terminated (then killed) in ``finally``. A table of
 median and spread (max - min) per phase is printed and the numbers written to ``--out`` as
-JSON. Exit status: 0 when the busy median is within ``--limit-s``, 1 when it is not, 2 for
-bad input (one ``error:`` line, said before anything is loaded or measured).
+JSON, with each phase's median CPU seconds (this process) and the 1-minute load average
+before it: on a host that other work already loads, the wall time is mostly waiting for a
+core, and the CPU time tells the two apart. Exit status: 0 when the busy median is within
+``--limit-s``, 1 when it is not, 2 for bad input (one ``error:`` line, said before anything
+is loaded or measured).
 """
 
 from __future__ import annotations
@@ -172,20 +175,32 @@ def stop_hog(procs: Sequence[subprocess.Popen], grace_s: float = 2.0) -> None:
 # ----------------------------------------------------------------------------- timing
 
 
-def time_place(workloads: Sequence[Any], devices: Sequence[Any], repeats: int) -> list[float]:
+def time_place(workloads: Sequence[Any], devices: Sequence[Any], repeats: int) -> tuple[list[float], list[float]]:
+    """Wall-clock and CPU seconds (this process, all its threads) of each ``place`` call."""
     from sim.placement import place
 
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         place(workloads, devices, LEVEL)
-        times.append(time.perf_counter() - started)
-    return times
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.process_time() - started_cpu)
+    return wall, cpu
 
 
-def summary(times: Sequence[float]) -> dict[str, Any]:
+def _load_1min() -> float | None:
+    """The 1-minute load average (runnable processes, all users), None where the OS has none."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def summary(times: Sequence[float], cpu_times: Sequence[float] | None = None, load_before: float | None = None
+            ) -> dict[str, Any]:
+    """Median and spread (max - min) of the wall times; the median CPU time says how much of
+    the wall time was this process's own work (the rest: waiting for a core)."""
+    cpu = list(cpu_times) if cpu_times is not None else []
     return {"median_s": statistics.median(times), "spread_s": max(times) - min(times), "min_s": min(times),
-            "max_s": max(times), "times_s": list(times)}
+            "max_s": max(times), "times_s": list(times), "cpu_median_s": statistics.median(cpu) if cpu else None,
+            "cpu_times_s": cpu, "load_average_1min_before": load_before}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -194,7 +209,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2)
+            json.dump(data, f, indent=2, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:
@@ -203,7 +218,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     workloads = tiny_workloads()
     devices, models = devices_from(args.profile)
     print(f"{len(workloads)} workloads, {len(devices)} devices of {models['profile']}; models "
@@ -211,12 +225,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              else f"fitted now ({models['model_load_s']:.1f} s, not timed) and cached for this user")
           + f"; predictor {LEVEL}", flush=True)
     time_place(workloads, devices, 1)  # warm-up
+    load_quiet = _load_1min()
     quiet = time_place(workloads, devices, args.repeats)
     hog = start_hog(args.hog_processes, args.hog_seconds)
     try:
         time.sleep(HOG_SPIN_UP_S)
         if any(p.poll() is not None for p in hog):
             raise RuntimeError("a hog process ended before the busy phase started")
+        load_busy = _load_1min()
         busy = time_place(workloads, devices, args.repeats)
     finally:
         stop_hog(hog)
@@ -224,18 +240,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "placement_busy", "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "workloads": len(workloads),
         "devices": len(devices), "predict": LEVEL, **models, "repeats": args.repeats, "warm_up_calls": 1,
         "hog": {"processes": args.hog_processes, "max_seconds": args.hog_seconds},
-        "host": {"cpu_count": os.cpu_count(), "load_average_1min_before": load_before, "python": platform.python_version()},
-        "quiet": summary(quiet), "busy": summary(busy), "limit_s": args.limit_s,
+        "host": {"cpu_count": os.cpu_count(), "python": platform.python_version()},
+        "quiet": summary(*quiet, load_quiet), "busy": summary(*busy, load_busy), "limit_s": args.limit_s,
     }
     result["passed"] = result["busy"]["median_s"] <= args.limit_s
     return result
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{'phase':<12}{'median_s':>10}{'spread_s':>10}{'min_s':>9}{'max_s':>9}")
+    print(f"{'phase':<12}{'median_s':>10}{'spread_s':>10}{'min_s':>9}{'max_s':>9}{'cpu_median_s':>14}{'load_1min':>11}")
     for phase, label in (("quiet", "quiet"), ("busy", "beside hog")):
         s = result[phase]
-        print(f"{label:<12}{s['median_s']:>10.3f}{s['spread_s']:>10.3f}{s['min_s']:>9.3f}{s['max_s']:>9.3f}")
+        cpu, load = s["cpu_median_s"], s["load_average_1min_before"]
+        print(f"{label:<12}{s['median_s']:>10.3f}{s['spread_s']:>10.3f}{s['min_s']:>9.3f}{s['max_s']:>9.3f}"
+              + (f"{cpu:>14.3f}" if cpu is not None else f"{'-':>14}") + (f"{load:>11.2f}" if load is not None else f"{'-':>11}"))
     verdict = "within" if result["passed"] else "OVER"
     print(f"busy median {result['busy']['median_s']:.3f} s: {verdict} the {result['limit_s']:g} s target "
           f"({result['hog']['processes']} hog processes, {result['host']['cpu_count']} CPUs)")

@@ -134,14 +134,15 @@ def test_the_hog_busy_loops_and_is_always_stopped():
 
 
 def test_a_missed_target_exits_1_and_writes_the_json(tmp_path, monkeypatch, capsys):
-    fake = {"quiet": bench.summary([0.2, 0.3, 0.25]), "busy": bench.summary([1.5, 1.2, 1.3]), "limit_s": 1.0,
+    fake = {"quiet": bench.summary([0.2, 0.3, 0.25], [0.1, 0.2, 0.15], 0.5),
+            "busy": bench.summary([1.5, 1.2, 1.3], [0.2, 0.3, 0.25], 2.25), "limit_s": 1.0,
             "passed": False, "hog": {"processes": 2, "max_seconds": 30.0}, "host": {"cpu_count": 2}}
     monkeypatch.setattr(bench, "run", lambda args: fake)
     out = tmp_path / "bench" / "placement_busy.json"
     assert bench.main(["--out", str(out)]) == 1
     text = capsys.readouterr().out
-    assert "quiet            0.250     0.100    0.200    0.300" in text
-    assert "beside hog       1.300     0.300    1.200    1.500" in text
+    assert "quiet            0.250     0.100    0.200    0.300         0.150       0.50" in text
+    assert "beside hog       1.300     0.300    1.200    1.500         0.250       2.25" in text
     assert "busy median 1.300 s: OVER the 1 s target (2 hog processes, 2 CPUs)" in text
     assert json.loads(out.read_text())["busy"]["median_s"] == 1.3
 
@@ -154,3 +155,12 @@ def test_a_profile_that_cannot_predict_the_workloads_is_one_line(tmp_path, capsy
     assert bench.main(["--out", str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err == "error: L3 was fitted without families ['gather']; measure them and refit\n"
     assert not (tmp_path / "x.json").exists()
+
+
+def test_time_place_gives_wall_and_cpu_seconds_per_call(workloads):
+    devices = [Device("cpu0", _model(1e9), GIB), Device("cpu1", _model(2e9), GIB)]
+    wall, cpu = bench.time_place(workloads, devices, 2)
+    assert len(wall) == len(cpu) == 2 and all(0 < w < 60 for w in wall) and all(0 <= c < 60 for c in cpu)
+    s = bench.summary(wall, cpu, 1.5)
+    assert s["median_s"] == pytest.approx(sum(wall) / 2) and s["cpu_times_s"] == cpu
+    assert s["load_average_1min_before"] == 1.5
