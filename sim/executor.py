@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from sim.placement import Device, Placement, PlacementError, Workload, WorkloadFactory
+from sim.placement import Device, Placement, PlacementError, PlacementWorkload, WorkloadFactory
 
 #: seconds the parent waits for a worker's answer before giving up on it
 WORKER_TIMEOUT_S = 900.0
@@ -169,7 +169,7 @@ def devices_can_run_together(devices: Sequence[Device]) -> bool:
     return True
 
 
-def run_placements(placements: Sequence[Placement], workloads: Sequence[Workload], devices: Sequence[Device], *,
+def run_placements(placements: Sequence[Placement], workloads: Sequence[PlacementWorkload], devices: Sequence[Device], *,
                    repeats: int, allocator: str = "steady", evict_bytes: int = 128 * 1024**2,
                    concurrent: bool | None = None, progress: bool = True) -> dict[tuple[int, ...], PlacementRun]:
     """Run each distinct placement ``repeats`` times for real (see the module docstring);
