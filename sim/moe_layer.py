@@ -41,15 +41,12 @@ from costmodel.kernels import (
 )
 from sim.backends.moe import (  # noqa: F401 (MOE_BACKENDS and padded_slots re-exported)
     MOE_BACKENDS,
-    activation_specs,
     expert_projections,
     moe_backend,
     padded_slots,
 )
 from sim.routing import Routing, check_routing_shape
 
-# the former private names, still imported by sim.calibration
-_expert_projections, _activation_specs = expert_projections, activation_specs
 EXPERT_KINDS = ("swiglu", "mlp")
 
 
