@@ -493,7 +493,7 @@ def print_summary(summ: Mapping[str, Any]) -> None:
                       f"(this run's {held['excluded_kernels']} distinct kernels), {held['fit_s']:.1f} s")
         drift = held.get("drift") or {}
         if drift.get("references"):
-            console.print("held-out drift correction (L3 x measured now / held-out L3 of "
+            console.print("held-out drift correction (L3 x measured now / profiled time of "
                           f"{drift['references']} reference kernels, none of this run's): "
                           + ", ".join(f"{f} {r:.2f}x" for f, r in drift["by_family"].items())
                           + f", other families {drift['overall']:.2f}x")

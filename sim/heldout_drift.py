@@ -7,10 +7,12 @@ experiment's own kernels would tell it, but a held-out score must not look at th
 
 So a held-out run also times a few *reference kernels* in the same rounds as its layers:
 profiled kernels of the families that carry the layers' predicted time, chosen near the
-family's heaviest kernel of the traces but never within a factor ``MIN_DISTANCE_LOG2``
-(octaves: sqrt(2)) of any kernel of the traces in both bytes moved and FLOPs. Per family,
-the median of measured-now / held-out-L3 over its references is the family's drift; the
-held-out L3 of every trace kernel of that family is multiplied by it (families without a
+family's heaviest kernel of the traces (in octaves of every size field, bytes moved and
+FLOPs) but never within a factor ``MIN_DISTANCE_LOG2`` (octaves: sqrt(2)) of any kernel of
+the traces in both bytes moved and FLOPs. Per family, the median of measured now / profiled
+(the row the held-out models were fitted on) over its references is the family's drift: how
+much slower or faster the machine runs that family now than when the profile measured it;
+the held-out L3 of every trace kernel of that family is multiplied by it (families without a
 reference get the median over all references). The experiment's own kernels are never
 timed for this, looked up or fitted on: the correction is one number per family, and the
 uncorrected held-out errors are reported beside the corrected ones (``docs/method.md``).
@@ -18,6 +20,7 @@ uncorrected held-out errors are reported beside the corrected ones (``docs/metho
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -46,13 +49,13 @@ class HeldOutReference:
     key: str
     family: str
     spec: KernelSpec
-    predicted_s: float  # held-out L3 of this kernel (no cold-call overhead: timed alone)
+    profiled_s: float  # the profile's time of it, as the held-out models were fitted on
     run: Callable[[], Any] | None = None
 
 
 @dataclass
 class FamilyDrift:
-    """Per family, measured now / held-out L3 over its references; ``overall`` for the rest."""
+    """Per family, measured now / profiled over its references; ``overall`` for the rest."""
 
     by_family: dict[str, float] = field(default_factory=dict)
     overall: float = 1.0
@@ -64,7 +67,7 @@ class FamilyDrift:
     def to_dict(self) -> dict[str, Any]:
         return {"by_family": {f: round(r, 4) for f, r in sorted(self.by_family.items())},
                 "overall": round(self.overall, 4), "references": self.references,
-                "rule": (f"per family, median of measured now / held-out L3 over up to {REFERENCES_PER_FAMILY} "
+                "rule": (f"per family, median of measured now / profiled over up to {REFERENCES_PER_FAMILY} "
                          f"reference kernels timed in the same rounds, none within {2 ** MIN_DISTANCE_LOG2:.2f}x of "
                          "a scored kernel in both bytes and FLOPs; other families take the overall median")}
 
@@ -73,11 +76,17 @@ class FamilyDrift:
             return "held-out drift: no reference kernels, predictions not corrected"
         parts = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.by_family.items()))
         return (f"held-out drift from {self.references} reference kernels (none of this run's), measured now / "
-                f"held-out L3: {parts}; other families {self.overall:.2f}x")
+                f"profiled: {parts}; other families {self.overall:.2f}x")
 
 
 def _log2(values: Any) -> np.ndarray:
     return np.log2(np.maximum(np.asarray(values, dtype=np.float64), 1.0))
+
+
+def _size_fields(spec: KernelSpec) -> list[str]:
+    """The integer size fields of a descriptor (m, k, n; rows, cols; num_rows, width ...)."""
+    return [f.name for f in dataclasses.fields(spec)
+            if isinstance(getattr(spec, f.name), int) and not isinstance(getattr(spec, f.name), bool)]
 
 
 def family_shares(traces: Sequence[Sequence[KernelSpec]], predicted_s: Mapping[str, float]) -> dict[str, float]:
@@ -121,7 +130,15 @@ def choose_references(table: pd.DataFrame, traces: Sequence[Sequence[KernelSpec]
         # distance to the nearest scored kernel, in octaves, by the larger of the two axes
         gap = np.maximum(np.abs(rb[:, None] - tb[None, :]), np.abs(rf[:, None] - tf[None, :])).min(axis=1)
         target = heaviest[family][1]
-        near = np.hypot(rb - _log2(target.bytes_moved()), rf - _log2(target.flops()))
+        # nearness to the heaviest kernel: octaves of bytes, FLOPs and every integer size field
+        # (a GEMM of the same k and n with another m before one of another aspect)
+        sq = (rb - _log2(target.bytes_moved())) ** 2 + (rf - _log2(target.flops())) ** 2
+        for name in _size_fields(target):
+            if name in rows:
+                values = pd.to_numeric(rows[name], errors="coerce").to_numpy(dtype=np.float64)
+                sq = sq + np.where(np.isfinite(values), (_log2(np.nan_to_num(values, nan=1.0))
+                                                         - _log2(getattr(target, name))) ** 2, 0.0)
+        near = np.sqrt(sq)
         ok = gap >= MIN_DISTANCE_LOG2
         if not ok.any():
             continue
@@ -131,13 +148,13 @@ def choose_references(table: pd.DataFrame, traces: Sequence[Sequence[KernelSpec]
 
 
 def family_drift(references: Sequence[HeldOutReference], measured_now_s: Sequence[float]) -> FamilyDrift:
-    """Per family, the median of measured now / held-out L3 over its references."""
+    """Per family, the median of measured now / profiled over its references."""
     if len(references) != len(measured_now_s):
         raise ValueError(f"{len(references)} references but {len(measured_now_s)} timings")
     if not references:
         return FamilyDrift()
     ratios = pd.DataFrame({"family": [r.family for r in references],
-                           "ratio": [float(m) / r.predicted_s for r, m in zip(references, measured_now_s)]})
+                           "ratio": [float(m) / r.profiled_s for r, m in zip(references, measured_now_s)]})
     ratios = ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
     if ratios.empty:
         return FamilyDrift()
@@ -161,7 +178,7 @@ def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], devic
     rows = choose_references(heldout.table, traces, by_key)
     if rows.empty:
         return []
-    specs = [from_record(rec) for rec in rows.to_dict("records")]
-    ref_pred = heldout.model.predict(specs, ["L3"])["L3"].to_numpy()
+    records = rows.to_dict("records")
+    specs = [from_record(rec) for rec in records]
     run_of = make_run or (lambda s: make_runner(s, device, cold=cold))
-    return [HeldOutReference(s.key(), s.family, s, float(p), run_of(s)) for s, p in zip(specs, ref_pred)]
+    return [HeldOutReference(s.key(), s.family, s, float(rec["median_s"]), run_of(s)) for s, rec in zip(specs, records)]
