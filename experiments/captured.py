@@ -75,16 +75,16 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     replay = (None if pairing is None else
               pairing.finish(model, jobs, timed[first_kernel:], lambda m: _predicted_rows(m, workloads), measured,
                              wall_s))
-    held = uncorrected = None
+    held = drift_scaled = None  # the held-out headline and its drift-scaled side score
     if heldout is not None:
         from sim.heldout_drift import family_drift  # noqa: PLC0415
 
-        uncorrected = add_errors(pd.concat([_predicted_rows(heldout.model, workloads), measured], axis=1))
+        held = add_errors(pd.concat([_predicted_rows(heldout.model, workloads), measured], axis=1))
         heldout.drift = family_drift(hrefs, [t["measured_s"] for t in timed[n:first_kernel]])
         console.print(heldout.drift.describe())
-        held = add_errors(pd.concat([_predicted_rows(heldout.model, workloads, heldout.drift.factor), measured],
+        drift_scaled = add_errors(pd.concat([_predicted_rows(heldout.model, workloads, heldout.drift.factor), measured],
                                     axis=1))
-    df = scored_tables(lookup, replay, held, heldout, heldout_uncorrected=uncorrected)
+    df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     coverage = []

@@ -354,7 +354,7 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
     if "scoring" in df.attrs:  # evaluate_workloads / evaluate_captured: which scoring is the headline
         out["details"]["scoring"] = df.attrs["scoring"]
         out["details"]["heldout"] = df.attrs.get("heldout", {"scored": False})
-        for name in ("profile_lookup", "replay", "heldout_uncorrected"):
+        for name in ("profile_lookup", "replay", "heldout_drift_scaled"):
             if name in df.attrs:
                 out["details"][name] = df.attrs[name]
     if "backend" in df and "pred_L3_s" in df:
@@ -493,14 +493,14 @@ def print_summary(summ: Mapping[str, Any]) -> None:
                       f"(this run's {held['excluded_kernels']} distinct kernels), {held['fit_s']:.1f} s")
         drift = held.get("drift") or {}
         if drift.get("references"):
-            console.print("held-out drift correction (L3 x measured now / profiled time of "
-                          f"{drift['references']} reference kernels, none of this run's): "
+            console.print("held-out drift (measured now / profiled time of "
+                          f"{drift['references']} reference kernels, none of this run's; not applied to the headline): "
                           + ", ".join(f"{f} {r:.2f}x" for f, r in drift["by_family"].items())
                           + f", other families {drift['overall']:.2f}x")
     elif "scoring" in summ["details"]:
         console.print("[yellow]not held out: these errors include kernels the profile measured (lookup or replay); "
                       "they check composition, not prediction[/]")
-    for name, words in (("heldout_uncorrected", "held out before the drift correction"),
+    for name, words in (("heldout_drift_scaled", "held out, scaled by that drift (a side score)"),
                         ("profile_lookup", "profile lookup (the profile as loaded, its kernels by measurement)"),
                         ("replay", "replay (this run's kernels timed beside the layers: composition check)")):
         side = summ["details"].get(name)

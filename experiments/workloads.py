@@ -187,16 +187,16 @@ def evaluate_workloads(
     if pairing is not None:
         replay = pairing.finish(model, jobs, timed[first_kernel:], lambda m: predict_workloads(m, workloads), measured,
                                 wall_s, chain_timed=timed[first_chain:first_kernel])
-    held = uncorrected = None
+    held = drift_scaled = None  # the held-out headline and its drift-scaled side score
     if heldout is not None:
         from sim.heldout_drift import family_drift  # noqa: PLC0415
 
-        uncorrected = add_errors(pd.concat([predict_workloads(heldout.model, workloads), measured], axis=1))
+        held = add_errors(pd.concat([predict_workloads(heldout.model, workloads), measured], axis=1))
         heldout.drift = family_drift(hrefs, [t["measured_s"] for t in timed[first_ref:first_chain]])
         console.print(heldout.drift.describe())
-        held = add_errors(pd.concat([predict_workloads(heldout.model, workloads, heldout.drift.factor), measured],
+        drift_scaled = add_errors(pd.concat([predict_workloads(heldout.model, workloads, heldout.drift.factor), measured],
                                     axis=1))
-    df = scored_tables(lookup, replay, held, heldout, heldout_uncorrected=uncorrected)
+    df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
@@ -220,26 +220,26 @@ def ape_summary(df: pd.DataFrame) -> dict[str, Any]:
 
 
 #: the scorings kept beside the headline: (name in summary.json details, column prefix)
-SIDE_SCORES = (("profile_lookup", "lookup"), ("replay", "replay"), ("heldout_uncorrected", "heldout_uncorrected"))
+SIDE_SCORES = (("profile_lookup", "lookup"), ("replay", "replay"), ("heldout_drift_scaled", "heldout_drift"))
 
 
 def scored_tables(lookup: pd.DataFrame, replay: pd.DataFrame | None, heldout_table: pd.DataFrame | None,
-                  heldout: Any = None, *, heldout_uncorrected: pd.DataFrame | None = None) -> pd.DataFrame:
+                  heldout: Any = None, *, heldout_drift: pd.DataFrame | None = None) -> pd.DataFrame:
     """The headline table with the other scorings beside it.
 
     The headline is held out where a held-out fit was made, else the replay (paired runs),
     else the lookup, and ``attrs["scoring"]`` says which. Each of lookup and replay adds
     ``pred_<prefix>_L3_s`` and ``ape_<prefix>_L3_pct`` columns and its error summary
     (``ape_summary``) under ``attrs[<name>]``; ``attrs["heldout"]`` describes the held-out
-    fit (``{"scored": false}`` without one); ``heldout_uncorrected`` (the held-out
-    predictions before the drift correction of ``sim.heldout_drift``) adds
-    ``pred_heldout_uncorrected_L3_s`` / ``ape_heldout_uncorrected_L3_pct`` and
-    ``attrs["heldout_uncorrected"]``."""
+    fit (``{"scored": false}`` without one); ``heldout_drift`` (the held-out predictions
+    scaled by the drift of ``sim.heldout_drift``'s reference kernels) adds
+    ``pred_heldout_drift_L3_s`` / ``ape_heldout_drift_L3_pct`` and
+    ``attrs["heldout_drift_scaled"]``."""
     headline = heldout_table if heldout_table is not None else replay if replay is not None else lookup
     df = headline.copy()
     df.attrs = {}
     df.attrs["scoring"] = "held-out" if heldout_table is not None else "replay" if replay is not None else "lookup"
-    for (name, prefix), table in zip(SIDE_SCORES, (lookup, replay, heldout_uncorrected)):
+    for (name, prefix), table in zip(SIDE_SCORES, (lookup, replay, heldout_drift)):
         if table is None:
             continue
         df[f"pred_{prefix}_L3_s"] = table["pred_L3_s"].to_numpy()
