@@ -629,7 +629,10 @@ def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue:
         ax.set_ylabel("predicted [ms]")
         ax.grid(True, which="both", alpha=0.2)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=11)
+    scoring = {"held-out": "held out: models refitted without these layers' kernels",
+               "replay": "replay: the layers' own kernels timed beside them",
+               "lookup": "lookup: profiled kernels by their measurement"}.get(str(df.attrs.get("scoring")))
+    fig.suptitle(title + (f"\n({scoring})" if scoring else ""), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
