@@ -41,12 +41,8 @@ from costmodel.profile import DeviceProfile
 #: rows (distinct kernels) a family needs in the profile once the experiment's own kernels
 #: are left out, for its held-out prediction to rest on more than one or two measurements
 MIN_HELDOUT_ROWS = 3
-#: refresh records ignored by the held-out fit: every one, so it fits each row as measured. A
-#: paired run reads its drift off the experiment's own kernels; and a later refresh's ratio was
-#: read against a table that paired scales had already moved, so keeping it without them
-#: compounds: on the EPYC profile, rows of a regime ended up scaled 3.5x (GEMM) to 8.4x
-#: (elementwise) while the machine ran those families at 0.6-1.4x their measurements
-IGNORED_REFRESH_POLICIES = ("paired", "auto", "always")
+#: refresh records ignored by the held-out fit: a paired run reads its drift off its own kernels
+IGNORED_REFRESH_POLICIES = ("paired",)
 #: size factors of ``neighbour_specs`` (a family with one size field, such as sort, gets the
 #: wide set: two trace sizes an octave apart share their x0.5 / x2 neighbours)
 NEIGHBOUR_FACTORS = (0.5, 2.0)
