@@ -44,7 +44,7 @@ _DEVICES = ("placement.device_sets.homogeneous=[{name:a,threads:1,cores:[0],memo
                                                      r"allowed: \['exponent'\]"),
         ("moe_skew", ["routing.sweep.param=alpha"], r"routing.sweep.param must be one of \['exponent'\]"),
         ("moe_skew", ["routing.sweep.values=[]"], r"routing.sweep.values must list at least one value"),
-        ("moe_skew", ["moe.backends=paddd"], r"moe.backend must be one of \['loop', 'padded', 'grouped'\], got 'paddd'"),
+        ("moe_skew", ["moe.backends=paddd"], r"moe.backend must be one of \['loop', 'padded', 'grouped'\] \(the backends registered in sim/backends/moe.py\), got 'paddd'"),
         ("moe_skew", ["moe.d_model=1000000", "moe.d_ff=2048", "moe.num_experts=16"], r"the MoE layers of moe_skew .* need at least [\d,.]+ GB .* reduce moe.d_model"),
         ("moe_skew", ["threads=0"], r"threads must be a positive integer \(>= 1\) or null"),
         ("moe_skew", ["timing.min_runs=abc"], r"timing.min_runs must be an integer, got 'abc'"),
