@@ -20,8 +20,8 @@ import torch
 
 from costmodel.predictor import LEVELS, CostModel
 from costmodel.timing import TimingConfig
-from experiments.common import add_errors, console, measure_interleaved
-from experiments.workloads import Pairing, scored_tables
+from experiments.common import add_errors, measure_interleaved
+from experiments.workloads import Pairing, heldout_scored, scored_tables
 from sim.api import predict_captured
 from sim.capture import CapturedTrace
 from sim.simulator import measured_coverage, profile_aten_ops
@@ -75,15 +75,8 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     replay = (None if pairing is None else
               pairing.finish(model, jobs, timed[first_kernel:], lambda m: _predicted_rows(m, workloads), measured,
                              wall_s))
-    held = drift_scaled = None  # the held-out headline and its drift-scaled side score
-    if heldout is not None:
-        from sim.heldout_drift import family_drift  # noqa: PLC0415
-
-        held = add_errors(pd.concat([_predicted_rows(heldout.model, workloads), measured], axis=1))
-        heldout.drift = family_drift(hrefs, [t["measured_s"] for t in timed[n:first_kernel]])
-        console.print(heldout.drift.describe())
-        drift_scaled = add_errors(pd.concat([_predicted_rows(heldout.model, workloads, heldout.drift.factor), measured],
-                                    axis=1))
+    held, drift_scaled = heldout_scored(heldout, lambda m, f: _predicted_rows(m, workloads, f), measured,
+                                        timed[n:first_kernel])
     df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})

@@ -187,15 +187,8 @@ def evaluate_workloads(
     if pairing is not None:
         replay = pairing.finish(model, jobs, timed[first_kernel:], lambda m: predict_workloads(m, workloads), measured,
                                 wall_s, chain_timed=timed[first_chain:first_kernel])
-    held = drift_scaled = None  # the held-out headline and its drift-scaled side score
-    if heldout is not None:
-        from sim.heldout_drift import family_drift  # noqa: PLC0415
-
-        held = add_errors(pd.concat([predict_workloads(heldout.model, workloads), measured], axis=1))
-        heldout.drift = family_drift(hrefs, [t["measured_s"] for t in timed[first_ref:first_chain]])
-        console.print(heldout.drift.describe())
-        drift_scaled = add_errors(pd.concat([predict_workloads(heldout.model, workloads, heldout.drift.factor), measured],
-                                    axis=1))
+    held, drift_scaled = heldout_scored(heldout, lambda m, f: predict_workloads(m, workloads, f), measured,
+                                        timed[first_ref:first_chain])
     df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
@@ -205,6 +198,22 @@ def evaluate_workloads(
     if peak_flops_per_s:
         df["mfu"] = df["flops"] / df["measured_s"] / peak_flops_per_s
     return df
+
+
+def heldout_scored(heldout: Any, predict: Callable[[CostModel, Callable[[str], float] | None], pd.DataFrame],
+                   measured: pd.DataFrame, reference_timings: Sequence[dict[str, Any]]
+                   ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The held-out headline table and its drift-scaled side score (``sim.heldout_drift``),
+    from ``predict(model, l3_factor)`` and the held-out references' timings ((None, None)
+    without a held-out fit); sets ``heldout.drift``."""
+    if heldout is None:
+        return None, None
+    from sim.heldout_drift import family_drift  # noqa: PLC0415
+
+    held = add_errors(pd.concat([predict(heldout.model, None), measured], axis=1))
+    heldout.drift = family_drift(heldout.references, [t["measured_s"] for t in reference_timings])
+    console.print(heldout.drift.describe())
+    return held, add_errors(pd.concat([predict(heldout.model, heldout.drift.factor), measured], axis=1))
 
 
 def ape_summary(df: pd.DataFrame) -> dict[str, Any]:
