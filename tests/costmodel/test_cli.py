@@ -84,9 +84,16 @@ def test_bad_input_is_a_clear_error(args, message, tmp_path):
         assert len((done.stderr + done.stdout).strip().splitlines()) == 1
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal delivers it. A child inherits an ignored
+    SIGINT, and Python then keeps ignoring it; in the full suite something had left the test
+    process's SIGINT ignored, and the interrupted bench ran to the end (exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(*args: str, cwd: Path, log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "costmodel", *args], cwd=cwd, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, text=True,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=_default_sigint,
                             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
                                "MOEGNN_MODEL_CACHE": os.environ["MOEGNN_MODEL_CACHE"]})
 
