@@ -572,16 +572,6 @@ def build_summary(args: argparse.Namespace, rt: Any, model: Any, df: pd.DataFram
     return summ
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    return str(o)
-
-
 def print_results(df: pd.DataFrame, summ: Mapping[str, Any], console: Any) -> None:
     from rich.table import Table
 
@@ -689,6 +679,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "results.csv", index=False)
+    from experiments.common import _json_default  # noqa: PLC0415 (numpy scalars in JSON, as every experiment writes them)
+
     (out / "summary.json").write_text(json.dumps(summ, indent=2, default=_json_default) + "\n")
     print_results(df, summ, console)
     h = summ["scores"]["heldout"]
