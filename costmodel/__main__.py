@@ -7,10 +7,10 @@
   reference workloads predicted on each device, L0 and L3 rankings).
 
 bench measures, so under a launcher that runs several jobs at once on this machine it
-refuses to start (``costmodel.launchers``); a launcher plugin that is not installed is
+refuses to start (``costmodel.cli.launchers``); a launcher plugin that is not installed is
 named with its package before Hydra starts.
 
-Bad input prints one line (``error: ...``) and exits with status 2 (``costmodel.cli_errors``).
+Bad input prints one line (``error: ...``) and exits with status 2 (``costmodel.cli.errors``).
 
 Exit codes: 130 after Ctrl-C (what was kept and how to resume is printed), 75 when
 another process measures on this machine and ``measure_lock.mode=refuse`` (or the wait
@@ -25,7 +25,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from costmodel.cli_errors import report_user_errors
+from costmodel.cli.errors import report_user_errors
 
 USAGE = __doc__
 EX_TEMPFAIL = 75  # sysexits.h: a temporary failure, the user is invited to retry
@@ -34,9 +34,9 @@ EX_TEMPFAIL = 75  # sysexits.h: a temporary failure, the user is invited to retr
 @hydra.main(version_base=None, config_path="../conf", config_name="bench")
 @report_user_errors
 def bench(cfg: DictConfig) -> None:
-    from costmodel.bench_command import run
-    from costmodel.launchers import refuse_parallel_measuring
-    from costmodel.locks import LockBusyError
+    from costmodel.cli.bench_command import run
+    from costmodel.cli.launchers import refuse_parallel_measuring
+    from costmodel.store.locks import LockBusyError
 
     refuse_parallel_measuring("python -m costmodel bench")
     try:
@@ -49,14 +49,14 @@ def bench(cfg: DictConfig) -> None:
 @hydra.main(version_base=None, config_path="../conf", config_name="fit")
 @report_user_errors
 def fit(cfg: DictConfig) -> None:
-    from costmodel.fit_command import run
+    from costmodel.cli.fit_command import run
 
     run(cfg)
 
 
 def compare(argv: list[str]) -> None:
-    from costmodel.cli_errors import USAGE_EXIT_CODE, USER_ERRORS, full_error_wanted, one_line
-    from costmodel.compare import main
+    from costmodel.cli.errors import USAGE_EXIT_CODE, USER_ERRORS, full_error_wanted, one_line
+    from costmodel.cli.compare import main
 
     try:
         main(argv)
@@ -68,7 +68,7 @@ def compare(argv: list[str]) -> None:
 
 
 def fleet(argv: list[str]) -> None:
-    from costmodel.fleet import main
+    from costmodel.cli.fleet import main
 
     main(argv)
 
@@ -84,7 +84,7 @@ def main() -> None:
         if command in plain:
             plain[command](sys.argv[1:])
             return
-        from costmodel.launchers import missing_plugin_message
+        from costmodel.cli.launchers import missing_plugin_message
 
         message = missing_plugin_message(sys.argv[1:])
         if message:

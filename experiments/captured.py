@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 import pandas as pd
 import torch
 
-from costmodel.predictor import LEVELS, CostModel
-from costmodel.timing import TimingConfig
+from costmodel.measure.timing import TimingConfig
+from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, measure_interleaved
 from experiments.workloads import Pairing, heldout_scored, scored_tables
 from sim.api import predict_captured

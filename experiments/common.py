@@ -12,10 +12,10 @@ of that row's per-round medians (run-to-run noise, which bounds any model's accu
 ``details.noise_floor_median_ape_pct`` is the median APE a perfect model would score
 against measurements this noisy; ``details.noise_floor_max_ape_pct`` (p10, median, p90)
 the distribution of the largest APE it would score over the run's points
-(``costmodel.evaluation``): a max target below its median is met by luck in under half
+(``costmodel.model.evaluation``): a max target below its median is met by luck in under half
 of the runs, whatever the model. ``details.l3_beyond_noise``: the share of points whose L3
 error exceeds twice their measurement's noise (a perfect model: 4.55%).
-``details.freshness`` is the check before the run (``costmodel.freshness``: per-family
+``details.freshness`` is the check before the run (``costmodel.measure.freshness``: per-family
 ratio of reference kernels timed then vs profiled, which families were re-measured);
 ``details.profile_drift`` is how fast the experiment's profiled kernels ran, timed in the
 same rounds as its layers, against the profile; ``details.drift_scaled_ape_pct`` the
@@ -56,13 +56,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from costmodel.console import make_console  # noqa: E402
+from costmodel.cli.console import make_console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
-from costmodel.bench import make_progress  # noqa: E402
-from costmodel.predictor import LEVELS  # noqa: E402
-from costmodel.timing import TimingConfig, measure  # noqa: E402
+from costmodel.measure.bench import make_progress  # noqa: E402
+from costmodel.model.predictor import LEVELS  # noqa: E402
+from costmodel.measure.timing import TimingConfig, measure  # noqa: E402
 
 console = make_console(width=160)
 
@@ -116,9 +116,9 @@ def backend_list(value: Any, field: str) -> list[str]:
 
 def check_common(cfg: Mapping[str, Any]) -> torch.device:
     """What every experiment's ``validate`` checks first: conf/base.yaml's keys
-    (``costmodel.runtime.check_cfg``, no side effects), ``progress``,
+    (``costmodel.measure.runtime.check_cfg``, no side effects), ``progress``,
     ``calibration.refresh``, ``measure`` and the ``per_kernel`` block; returns the device."""
-    from costmodel.runtime import check_cfg
+    from costmodel.measure.runtime import check_cfg
 
     device = check_cfg(cfg)
     if not isinstance(cfg.get("progress", True), bool):
@@ -130,7 +130,7 @@ def check_common(cfg: Mapping[str, Any]) -> torch.device:
 
 def validate_experiment(cfg: Any) -> None:
     """Run ``experiments.<cfg.name>.validate(cfg)`` (every experiment module has one): the
-    validator ``costmodel.sweep_check.ValidateSweep`` applies to each job of a sweep."""
+    validator ``costmodel.cli.sweep_check.ValidateSweep`` applies to each job of a sweep."""
     import importlib
 
     name = cfg.get("name")
@@ -156,7 +156,7 @@ def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
 def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """``calibration.refresh`` / ``calibration.tolerance`` as ``calibrated_model`` keywords,
     validated (a bad value fails here, before any measuring)."""
-    from costmodel.freshness import DEFAULT_TOLERANCE, check_policy, check_tolerance
+    from costmodel.measure.freshness import DEFAULT_TOLERANCE, check_policy, check_tolerance
 
     section = cfg.get("calibration") or {}
     paired_enabled(cfg)
@@ -371,7 +371,7 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
             "max": {lv: _clean(np.max(a)) for lv, a in scaled.items()},
         }
     if {"round_cv"} <= set(df.columns):
-        from costmodel.evaluation import beyond_noise, noise_floor_max_ape_pct, noise_floor_median_ape_pct, point_sigma
+        from costmodel.model.evaluation import beyond_noise, noise_floor_max_ape_pct, noise_floor_median_ape_pct, point_sigma
 
         sigma = point_sigma(df, df.attrs.get("rounds", 1))
         out["details"]["noise_floor_median_ape_pct"] = noise_floor_median_ape_pct(sigma)

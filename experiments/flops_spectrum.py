@@ -22,9 +22,12 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
-from costmodel import ops  # noqa: E402
-from costmodel.kernels import GatherSpec, ScatterSpec  # noqa: E402
-from costmodel.runtime import Runtime  # noqa: E402
+from costmodel.families.gather import gather  # noqa: E402
+from costmodel.families.scatter import scatter  # noqa: E402
+from costmodel.measure.scope import kernel_scope  # noqa: E402
+from costmodel.families.gather import GatherSpec  # noqa: E402
+from costmodel.families.scatter import ScatterSpec  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
@@ -147,10 +150,10 @@ def build_workloads(cfg: dict, rt: Runtime) -> tuple[list[Workload], list]:
                      ScatterSpec(e, width, n, "sum", "index_add", round(st["degree_cv"], 3), False, dt)]
 
             def aggregate(x=x, src=src, dst=dst):
-                with ops.kernel_scope("gather"):
-                    msg = ops.gather(x, src)
-                with ops.kernel_scope("scatter"):
-                    return ops.scatter(msg, dst, n, reduce="sum", backend="index_add")
+                with kernel_scope("gather"):
+                    msg = gather(x, src)
+                with kernel_scope("scatter"):
+                    return scatter(msg, dst, n, reduce="sum", backend="index_add")
 
             workloads.append(Workload(f"{cls} E={e}", trace, aggregate, {"class": cls, "degree_cv": st["degree_cv"]}))
     suite += aggregation_suite(n, edges, width, (min(cvs), max(cvs)), dt)

@@ -19,10 +19,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from costmodel.ceilings import device_memory_bytes  # noqa: E402
-from costmodel.runners import make_runner  # noqa: E402
-from costmodel.runtime import Runtime  # noqa: E402
-from costmodel.suite import equal_flops_trio, trio_flops  # noqa: E402
+from costmodel.measure.ceilings import device_memory_bytes  # noqa: E402
+from costmodel.measure.runners import make_runner  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
+from costmodel.measure.suite import equal_flops_trio, trio_flops  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402

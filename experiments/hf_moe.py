@@ -25,8 +25,8 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from costmodel import ops  # noqa: E402
-from costmodel.runtime import Runtime  # noqa: E402
+from costmodel.families.grouped_gemm import grouped_mm_unavailable_reason  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.workloads import heldout_for, pairing_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
@@ -123,7 +123,7 @@ def _init(module: torch.nn.Module, seed: int, device: torch.device, dtype: torch
 def impl_unavailable_reason(impl: str, h: Mapping[str, Any], dtype: str, device: torch.device) -> str | None:
     if impl == "grouped_mm":
         for k, n in ((h["hidden_size"], 2 * h["intermediate_size"]), (h["intermediate_size"], h["hidden_size"])):
-            reason = ops.grouped_mm_unavailable_reason(k, n, dtype, device)
+            reason = grouped_mm_unavailable_reason(k, n, dtype, device)
             if reason:
                 return reason
     return None

@@ -17,7 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from costmodel.runtime import Runtime  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402

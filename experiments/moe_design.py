@@ -64,9 +64,9 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
-from costmodel.bench import make_progress  # noqa: E402
-from costmodel.predictor import LEVELS, CostModel  # noqa: E402
-from costmodel.runtime import Runtime  # noqa: E402
+from costmodel.measure.bench import make_progress  # noqa: E402
+from costmodel.model.predictor import LEVELS, CostModel  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep, measure_interleaved, output_dir, predict_only_summary, print_summary,
     print_table, summary, write_outputs,
@@ -637,7 +637,7 @@ def _hydra_logging() -> bool:
 
 
 def _elem_bytes(dtype: str) -> int:
-    from costmodel.kernels import DTYPE_BYTES
+    from costmodel.families.descriptor import DTYPE_BYTES
 
     return DTYPE_BYTES[dtype]
 

@@ -40,9 +40,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from costmodel.ceilings import device_memory_bytes  # noqa: E402
-from costmodel.predictor import LEVELS, CostModel  # noqa: E402
-from costmodel.runtime import Runtime  # noqa: E402
+from costmodel.measure.ceilings import device_memory_bytes  # noqa: E402
+from costmodel.model.predictor import LEVELS, CostModel  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     calibration_options, check_common, config_dict, console, output_dir, print_summary, print_table, summary,
 )

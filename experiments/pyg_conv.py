@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import torch  # noqa: E402
 
-from costmodel.runtime import Runtime  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.workloads import heldout_for, pairing_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402

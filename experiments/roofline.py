@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from costmodel.features import roofline_time_s
-from costmodel.predictor import LEVELS, CostModel
-from costmodel.plots import roofline_plot
-from costmodel.runtime import Runtime
+from costmodel.cli.plots import roofline_plot
+from costmodel.measure.runtime import Runtime
+from costmodel.model.features import roofline_time_s
+from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, check_common, config_dict, console, output_dir, print_summary, print_table, summary, write_outputs
 
 

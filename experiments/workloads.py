@@ -17,9 +17,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.kernels import KernelSpec
-from costmodel.predictor import LEVELS, CostModel
-from costmodel.timing import TimingConfig
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.timing import TimingConfig
+from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
 from sim.calibration import DriftReference, drift_summary
 from sim.simulator import cold_call_extra_s, per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
@@ -65,7 +65,7 @@ class Pairing:
     After ``evaluate_workloads``, ``model`` is the refitted model (use it for what follows)
     and ``result`` what was written."""
 
-    profile: Any  # costmodel.profile.DeviceProfile
+    profile: Any  # costmodel.store.profile.DeviceProfile
     suite: str
     cv_folds: int = 4
     model: CostModel | None = None
@@ -103,7 +103,7 @@ def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig
     """The ceilings' cold-call chain twice, as (job, evict caches before each call): cold,
     then warm, for a paired run to re-time beside its layers; [] where no cold-call
     overhead applies (CUDA, or layers timed warm)."""
-    from costmodel.ceilings import cold_chain  # noqa: PLC0415
+    from costmodel.measure.ceilings import cold_chain  # noqa: PLC0415
 
     if device.type != "cpu" or not timing.cold_cache or model.fingerprint.cache != "cold":
         return []

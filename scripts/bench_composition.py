@@ -7,9 +7,9 @@ phases move every column together):
 - ``layer_ms``: the real layer, one call at a time after evicting the caches, as the
   experiments time it (``sim.simulator.measure_callable``, median of >= 15 calls);
 - ``runners_ms``: the sum of its kernels, each timed alone by the profile's own runner
-  (cold operands rotated through the arena, ``costmodel.runners``);
+  (cold operands rotated through the arena, ``costmodel.measure.runners``);
 - ``l3_ms``: what the cost model predicts (the profile's rows for measured kernels, plus
-  ``ceilings.cold_call_overhead_s`` per kernel: the 10-op chain of ``costmodel.ceilings``);
+  ``ceilings.cold_call_overhead_s`` per kernel: the 10-op chain of ``costmodel.measure.ceilings``);
 - ``kind_cold_ms``: for every distinct kind of *small* kernel in the layer (family and
   op/impl/backend, each read from its descriptor; < 1 MiB moved, so data is negligible),
   one call after an eviction minus its runner's median: what the kind's code and
@@ -35,11 +35,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.allocator import configure_allocator
-from costmodel.ceilings import measure_cold_call_overhead
-from costmodel.kernels import KernelSpec
-from costmodel.runners import make_runner
-from costmodel.timing import TimingConfig, measure
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.allocator import configure_allocator
+from costmodel.measure.ceilings import measure_cold_call_overhead
+from costmodel.measure.runners import make_runner
+from costmodel.measure.timing import TimingConfig, measure
 from sim.api import load_cost_model
 from sim.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
 from sim.routing import ZipfRouting, route

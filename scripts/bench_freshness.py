@@ -21,10 +21,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodel.allocator import configure_allocator  # noqa: E402
-from costmodel.freshness import check_freshness  # noqa: E402
-from costmodel.profile import DeviceProfile  # noqa: E402
-from costmodel.timing import TimingConfig  # noqa: E402
+from costmodel.measure.allocator import configure_allocator  # noqa: E402
+from costmodel.measure.freshness import check_freshness  # noqa: E402
+from costmodel.store.profile import DeviceProfile  # noqa: E402
+from costmodel.measure.timing import TimingConfig  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -13,7 +13,7 @@ cold-cache Xeon profile, which holds every kernel family), each with its own ``C
 object (so the two are predicted as two devices, not one model shared), 2 GiB each; the
 predictor is L3 (the fitted models, the slowest level).
 
-The models come from this user's model cache (``costmodel.model_cache``), fitted from the
+The models come from this user's model cache (``costmodel.store.model_cache``), fitted from the
 profile on a miss; the fit is not timed (it is said whether the models were cached or fitted
 now). One warm-up ``place``, then ``--repeats`` timed calls quiet, then as many beside the
 hog: ``--hog-processes`` Python processes busy-looping, each ending by itself after
@@ -123,8 +123,8 @@ def devices_from(profile_dir: Path, n: int = DEVICES) -> tuple[list[Any], dict[s
     """``n`` devices of one profile, each with its own CostModel object, and how the models came."""
     import warnings
 
-    from costmodel.predictor import CostModel
-    from costmodel.profile import DeviceProfile
+    from costmodel.model.predictor import CostModel
+    from costmodel.store.profile import DeviceProfile
     from sim.placement import Device
 
     profile = DeviceProfile.load(profile_dir)
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BenchError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from costmodel.cli_errors import USER_ERRORS, one_line
+    from costmodel.cli.errors import USER_ERRORS, one_line
 
     try:
         result = run(args)

@@ -26,13 +26,13 @@ import warnings
 import numpy as np
 import torch
 
-from costmodel.allocator import configure_allocator
-from costmodel.device import fingerprint
-from costmodel.features import kernel_table
-from costmodel.kernels import KernelSpec, from_record
-from costmodel.models import ExtrapolationWarning
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile
+from costmodel.families.descriptor import KernelSpec, from_record
+from costmodel.measure.allocator import configure_allocator
+from costmodel.measure.device import fingerprint
+from costmodel.model.features import kernel_table
+from costmodel.model.models import ExtrapolationWarning
+from costmodel.model.predictor import CostModel
+from costmodel.store.profile import DeviceProfile
 from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
 
 

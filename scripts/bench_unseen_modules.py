@@ -28,7 +28,7 @@ Each module is captured once and predicted, through the public API, two ways:
   then ``predict_captured(trace, heldout.model)``. Every level is fitted per kernel family,
   so the refit reads only the profile rows of the families the modules run (the other
   families' models would be the same and are not needed); the fit is cached in this
-  user's model cache (``costmodel.model_cache``), keyed by the profile's content hash, the
+  user's model cache (``costmodel.store.model_cache``), keyed by the profile's content hash, the
   left-out kernels and the library versions, so a rerun on the same profile skips it.
   Beside it, the held-out L3 corrected by the drift of a few reference kernels that are not
   the modules' (``sim.heldout_drift``, as the experiments' headline), labelled as such.
@@ -353,7 +353,7 @@ def build_workloads(args: argparse.Namespace, model: Any, device: torch.device, 
                     console: Any, skipped: dict[str, str]) -> tuple[list[Workload], dict[str, Any]]:
     """Build every module, capture and predict it with the profile as loaded
     (``predict_module_latency``); a module the profile cannot predict is skipped with the reason."""
-    from costmodel.bench import make_progress
+    from costmodel.measure.bench import make_progress
     from sim.api import predict_module_latency
 
     graph = TINY_GRAPH if args.tiny else GRAPH
@@ -421,8 +421,8 @@ def heldout_cache_name(profile: Any, traces: Sequence[Sequence[Any]], cv_folds: 
     the families fitted, the CV folds and the library versions (an entry never goes stale)."""
     import sklearn
 
-    from costmodel import model_cache
-    from costmodel.predictor import MODEL_VERSION
+    from costmodel.store import model_cache
+    from costmodel.model.predictor import MODEL_VERSION
     from sim.heldout import trace_families, trace_keys
 
     h = hashlib.sha256()
@@ -437,7 +437,7 @@ def fit_heldout_cached(profile: Any, model: Any, traces: Sequence[Sequence[Any]]
                        cv_folds: int = CV_FOLDS) -> tuple[Any, bool]:
     """``sim.heldout.fit_heldout`` on the traces' families, from this user's model cache when the
     same profile and kernels were fitted before; (HeldOut, whether it came from the cache)."""
-    from costmodel import model_cache
+    from costmodel.store import model_cache
     from sim.heldout import fit_heldout, trace_families
 
     name = heldout_cache_name(profile, traces, cv_folds)
@@ -542,7 +542,7 @@ def scores(df: pd.DataFrame) -> dict[str, Any]:
 
 def build_summary(args: argparse.Namespace, rt: Any, model: Any, df: pd.DataFrame, heldout: Any, from_cache: bool,
                   skipped: Mapping[str, str], details: Mapping[str, Any], wall_s: float) -> dict[str, Any]:
-    from costmodel.evaluation import noise_floor_median_ape_pct, point_sigma
+    from costmodel.model.evaluation import noise_floor_median_ape_pct, point_sigma
 
     versions = {"torch": torch.__version__}
     for pkg in ("transformers", "torch_geometric", "sklearn"):
@@ -626,11 +626,11 @@ def print_results(df: pd.DataFrame, summ: Mapping[str, Any], console: Any) -> No
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    from costmodel.console import make_console
+    from costmodel.cli.console import make_console
 
     console = make_console(width=200)
     start = time.perf_counter()
-    from costmodel.runtime import Runtime
+    from costmodel.measure.runtime import Runtime
     from experiments.common import measure_interleaved
     from sim.api import load_cost_model
     from sim.heldout import HeldOutError

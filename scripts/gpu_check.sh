@@ -39,7 +39,7 @@ if [ -z "${WORK:-}" ]; then   # staging: packed into $OUT after every stage, rem
   trap 'rm -rf "$WORK"' EXIT
 fi
 mkdir -p "$OUT" "$WORK/logs"
-# fitted models are cached per user, never in a profile (costmodel.model_cache): here inside
+# fitted models are cached per user, never in a profile (costmodel.store.model_cache): here inside
 # $WORK (mktemp -d: mode 0700), so they come back in the tarball beside the profile
 export MOEGNN_MODEL_CACHE=$WORK/model_cache
 LOG=$OUT/gpu_check.log
@@ -129,7 +129,7 @@ stage preflight 30 "$PY" - "$OUT/env.json" <<'EOF'
 """Every module the project imports, and what this machine is."""
 import importlib, json, platform, sys
 mods = ["hydra", "omegaconf", "numpy", "scipy", "sklearn", "pandas", "matplotlib", "rich", "pytest", "torch",
-        "costmodel.bench_command", "costmodel.fit_command", "sim.api", "experiments.common"]
+        "costmodel.cli.bench_command", "costmodel.cli.fit_command", "sim.api", "experiments.common"]
 versions = {m: getattr(importlib.import_module(m), "__version__", "") for m in mods}
 import torch
 env = {"python": sys.version, "platform": platform.platform(), "versions": versions,

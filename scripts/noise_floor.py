@@ -5,7 +5,7 @@
 For each run directory (its ``results.csv``, rows of one experiment's sweep; a run is
 named by its path as given, so runs in folders of the same name stay apart), two floors:
 
-- **within the run** (``costmodel.evaluation``): each point's measurement noise is the
+- **within the run** (``costmodel.model.evaluation``): each point's measurement noise is the
   spread of its round medians (``round_cv``, ``rounds_timed``); a *perfect* model's APE
   at that point is then |N(0, sigma)|, and its largest APE over the run has a known
   distribution. Reported: its median and 10-90% range, and the probability that a perfect
@@ -43,9 +43,9 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.evaluation import beyond_noise, max_ape_within_prob, noise_floor_max_ape_pct, \
+from costmodel.model.evaluation import beyond_noise, max_ape_within_prob, noise_floor_max_ape_pct, \
     noise_floor_median_ape_pct, point_sigma
-from costmodel.models import ape_pct
+from costmodel.model.models import ape_pct
 
 POINT_KEY = ["label", "param", "value"]
 OLD_RUN_ROUNDS = 3  # runs from before ``rounds_timed`` existed timed every point in 3 rounds

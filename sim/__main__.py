@@ -5,13 +5,13 @@ and is testable without this entry point. ``python -m sim -m 'experiment=glob(*)
 every experiment.
 
 Bad input (a ValueError naming the field) prints one line and exits with status 2
-(``costmodel.cli_errors``); in a ``-m`` sweep every job's config is validated before the
-first job runs (``costmodel.sweep_check``, a Hydra callback in conf/config.yaml).
+(``costmodel.cli.errors``); in a ``-m`` sweep every job's config is validated before the
+first job runs (``costmodel.cli.sweep_check``, a Hydra callback in conf/config.yaml).
 An experiment module says whether it measures (``MEASURES``: "always", the default;
 "optional": ``measure=false`` predicts only; "never"). A job that measures refuses to run
-beside other jobs on one machine (``costmodel.launchers``); ``measure=false`` on an
+beside other jobs on one machine (``costmodel.cli.launchers``); ``measure=false`` on an
 experiment that always measures is refused, not ignored. A measuring experiment holds the
-machine-wide measuring lock (``costmodel.locks``, ``measure_lock.mode``) for its whole run:
+machine-wide measuring lock (``costmodel.store.locks``, ``measure_lock.mode``) for its whole run:
 exit 75 when it refuses, 130 after Ctrl-C (measured kernels are kept).
 """
 
@@ -24,9 +24,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from costmodel.cli_errors import report_user_errors
-
-from costmodel.launchers import missing_plugin_message, refuse_parallel_measuring
+from costmodel.cli.errors import report_user_errors
+from costmodel.cli.launchers import missing_plugin_message, refuse_parallel_measuring
 
 PREDICT_ONLY_EXPERIMENTS = ("moe_design", "moe_skew", "gnn_degree")
 
@@ -42,10 +41,22 @@ def measures(module: object, cfg: DictConfig) -> bool:
     return kind == "always"
 
 
+def job_measures(cfg: DictConfig) -> bool:
+    """Whether one job of a ``python -m sim`` sweep (its composed config) times anything on
+    this machine (the ``measures`` of conf/config.yaml's sweep check,
+    ``costmodel.cli.sweep_check.ValidateSweep``): as ``measures`` says for
+    ``experiments.<name>``, which also refuses measure=false on an experiment that always
+    measures (a ``ValueError``). A config without an experiment ``name`` is a bench job."""
+    name = cfg.get("name")
+    if name is None:
+        return True
+    return measures(importlib.import_module(f"experiments.{name}"), cfg)
+
+
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 @report_user_errors
 def main(cfg: DictConfig) -> None:
-    from costmodel.locks import LockBusyError, MeasureLockConfig, measuring
+    from costmodel.store.locks import LockBusyError, MeasureLockConfig, measuring
 
     module = importlib.import_module(f"experiments.{cfg.name}")
     if not measures(module, cfg):

@@ -17,7 +17,7 @@ fingerprint), which is how a user without the target device uses the tool;
 ``load_cost_model`` measures nothing: it raises, naming the command to run, when this
 device has no profile yet (``python -m costmodel bench``, or any ``python -m sim``
 experiment, which calibrates on first use). The fitted models come from this user's model
-cache (``costmodel.model_cache``), fitted from the profile's measurements on a miss; nothing
+cache (``costmodel.store.model_cache``), fitted from the profile's measurements on a miss; nothing
 is ever unpickled from, or written into, a profile folder to predict.
 """
 
@@ -33,14 +33,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.allocator import configure_allocator
-from costmodel.device import check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.families.aten_map import NOT_MODELLED
-from costmodel.kernels import KernelSpec
-from costmodel.predictor import LEVELS, CostModel
-from costmodel.features import roofline_time_s
-from costmodel.profile import DeviceProfile
-from costmodel.timing import Measurement, TimingConfig
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.allocator import configure_allocator
+from costmodel.measure.device import check_dtype, check_threads, fingerprint, resolve_device
+from costmodel.measure.timing import Measurement, TimingConfig
+from costmodel.model.features import roofline_time_s
+from costmodel.model.predictor import CostModel, LEVELS
+from costmodel.store.profile import DeviceProfile
 from sim.capture import CapturedTrace, capture_trace, capture_training_step
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
@@ -79,7 +79,7 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     ``tolerance`` as ``calibration.refresh`` / ``calibration.tolerance``.
 
     ``refresh="auto"`` checks the profile's freshness first, as every experiment does
-    (``costmodel.freshness``: a few profiled kernels per family timed now, seconds): the
+    (``costmodel.measure.freshness``: a few profiled kernels per family timed now, seconds): the
     kernels of families that drifted beyond ``tolerance`` are re-measured and the models
     refitted, recorded in the profile's provenance; ``"always"`` re-measures them whatever the
     check says. Which kernels: ``kernels`` (the descriptors you are about to predict, or a
@@ -88,7 +88,7 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     says what happened. ``"never"`` (the default) measures nothing: the cached models, fitted
     on a miss.
     """
-    from costmodel.freshness import check_policy, check_tolerance  # noqa: PLC0415
+    from costmodel.measure.freshness import check_policy, check_tolerance  # noqa: PLC0415
 
     try:
         policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
@@ -102,7 +102,7 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     if isinstance(kernels, CapturedTrace):
         kernels = kernels.kernels()
     if kernels is not None and not all(isinstance(s, KernelSpec) for s in kernels):
-        raise ValueError("kernels must be kernel descriptors (costmodel.kernels) or a CapturedTrace")
+        raise ValueError("kernels must be kernel descriptors (costmodel.families) or a CapturedTrace")
     configure_allocator(allocator)
     if threads is not None:
         torch.set_num_threads(threads)
@@ -110,8 +110,8 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
     profile = DeviceProfile.open(profile_root, fp, create=False)
     if policy == "never":
         return CostModel.load(profile, expected=fp)
-    from costmodel.kernels import from_record  # noqa: PLC0415
-    from costmodel.runtime import Runtime  # noqa: PLC0415
+    from costmodel.families.descriptor import from_record  # noqa: PLC0415
+    from costmodel.measure.runtime import Runtime  # noqa: PLC0415
     from sim.calibration import calibrated_model  # noqa: PLC0415
 
     rt = Runtime.from_cfg({

@@ -2,11 +2,11 @@
 
 ``calibrated_model`` opens this device's profile (creating it), measures the ceilings if
 missing and every kernel of the given suite that the profile lacks (with progress, holding
-the machine's measuring lock, ``costmodel.locks``), then loads the fitted models from the
-user's model cache (``costmodel.model_cache``; never from the profile folder, which is shared
+the machine's measuring lock, ``costmodel.store.locks``), then loads the fitted models from the
+user's model cache (``costmodel.store.model_cache``; never from the profile folder, which is shared
 data), refitting only when the profile changed since. A second run with the
 same layer sizes measures nothing and fits nothing, except where the freshness check
-(``calibration.refresh=auto``, ``costmodel.freshness``) finds that a kernel family now runs
+(``calibration.refresh=auto``, ``costmodel.measure.freshness``) finds that a kernel family now runs
 at another speed than profiled: those families' kernels of the suite are re-measured and
 the models refitted.
 
@@ -25,31 +25,27 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
-from costmodel.console import make_console
-
-from costmodel.bench import SizeLimits, measure_specs
-from costmodel.ceilings import ensure_ceilings
-from costmodel.freshness import (
+from costmodel.cli.console import make_console
+from costmodel.measure.bench import SizeLimits, measure_specs
+from costmodel.measure.ceilings import ensure_ceilings
+from costmodel.measure.freshness import (
     DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, last_writer_host,
     refresh_entry, regime_scales, remeasured_ratios,
 )
-from costmodel.kernels import (
-    ElementwiseSpec,
-    GatherSpec,
-    GemmSpec,
-    HistogramSpec,
-    KernelSpec,
-    ScatterSpec,
-    SoftmaxSpec,
-    SortSpec,
-    TopkSpec,
-    from_record,
-)
-from costmodel.predictor import CostModel, StaleModelError
-from costmodel.profile import DeviceProfile, ProfileError
-from costmodel.runners import make_runner
-from costmodel.runtime import Runtime
-from costmodel.indices import realised_cv
+from costmodel.families.descriptor import KernelSpec, from_record
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.gather import GatherSpec
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.histogram import HistogramSpec
+from costmodel.families.indices import realised_cv
+from costmodel.families.scatter import ScatterSpec
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.sort import SortSpec
+from costmodel.families.topk import TopkSpec
+from costmodel.measure.runners import make_runner
+from costmodel.measure.runtime import Runtime
+from costmodel.model.predictor import CostModel, StaleModelError
+from costmodel.store.profile import DeviceProfile, ProfileError
 from sim.backends import gnn_backend, moe_backend
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.heldout import family_shortfall, heldout_table, neighbour_suite
@@ -67,7 +63,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     describes this machine, then load or refit the models.
 
     ``refresh`` (``calibration.refresh``): ``auto`` times a few profiled kernels of every
-    family of the suite now (``costmodel.freshness``) and re-measures the suite's kernels of
+    family of the suite now (``costmodel.measure.freshness``) and re-measures the suite's kernels of
     the families that drifted beyond ``tolerance``; ``always`` re-measures every family's;
     ``never`` skips the check. A refresh is recorded in the profile's provenance; the
     returned model's ``freshness`` says what happened (experiments put it in summary.json).
@@ -146,7 +142,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                               + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))
     else:
         console.print(report.describe())
-    try:  # fitted models live in the user's model cache, never in the profile (costmodel.model_cache)
+    try:  # fitted models live in the user's model cache, never in the profile (costmodel.store.model_cache)
         model = CostModel.load(profile, expected=rt.fingerprint, fit_missing=False)
     except (ProfileError, StaleModelError):
         console.print(f"fitting cost models on {len(profile.kernels())} measured kernels")

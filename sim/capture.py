@@ -4,10 +4,10 @@ Every aten op the callable dispatches is recorded with its input shapes, dtypes 
 strides, and classified by the one registry in ``sim.aten_registry``:
 
 - ``view``: views, aliases, allocations and host reads launch no kernel and are not predicted;
-- ``kernel``: mapped to a kernel descriptor (``costmodel.kernels``), value-dependent fields
+- ``kernel``: mapped to a kernel descriptor (``costmodel.families``), value-dependent fields
   (tokens per expert, index statistics) read from the real tensors;
 - ``absorbed``: a zero fill whose tensor the next scatter / sparse matmul writes into; the
-  suite times ``zeros + index_add_`` as one scatter kernel (``costmodel.ops.scatter``), so the
+  suite times ``zeros + index_add_`` as one scatter kernel (``costmodel.families.scatter.scatter``), so the
   fill is part of that kernel, not a second one;
 - ``unmapped``: an op the registry does not know or cannot describe; never dropped: listed
   by ``CapturedTrace.unmapped()`` and predicted by the roofline fallback (its ideal bytes,
@@ -42,7 +42,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from costmodel.kernels import FLOAT_DTYPES, ElementwiseSpec, KernelSpec
+from costmodel.families.descriptor import FLOAT_DTYPES, KernelSpec
+from costmodel.families.elementwise import ElementwiseSpec
 from sim.aten_registry import OpCall, classify, dtype_name
 
 OP_KINDS = ("kernel", "view", "absorbed", "unmapped")

@@ -92,8 +92,8 @@ class WorkerSpec:
 def _worker(spec: WorkerSpec, factories: Mapping[str, WorkloadFactory], conn: Any, barrier: Any) -> None:
     """Worker main loop: build, warm up, then answer ``run`` commands until ``None``."""
     try:
-        from costmodel.allocator import configure_allocator
-        from costmodel.timing import TimingConfig, evict_caches
+        from costmodel.measure.allocator import configure_allocator
+        from costmodel.measure.timing import TimingConfig, evict_caches
 
         _pin(spec.cores, spec.threads)
         configure_allocator(spec.allocator)
@@ -206,7 +206,7 @@ def run_placements(placements: Sequence[Placement], workloads: Sequence[Placemen
             _receive(conn, proc, d.name, "ready")
         walls = {p.key(): np.zeros((repeats, len(devices))) for p in distinct}
         spans: dict[tuple[int, ...], list[dict[str, Any]]] = {p.key(): [] for p in distinct}
-        from costmodel.bench import make_progress
+        from costmodel.measure.bench import make_progress
 
         bar = make_progress(progress)
         with bar:

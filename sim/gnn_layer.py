@@ -28,9 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from costmodel import ops
-from costmodel.indices import pattern_of_counts
-from costmodel.kernels import ElementwiseSpec, GemmSpec, KernelSpec
+from costmodel.families.descriptor import KernelSpec
+from costmodel.families.elementwise import ElementwiseSpec, elementwise
+from costmodel.families.gemm import GemmSpec, gemm
+from costmodel.families.indices import pattern_of_counts
+from costmodel.measure.scope import kernel_scope
 from sim.backends.gnn import GNN_BACKENDS, gnn_backend  # noqa: F401 (GNN_BACKENDS re-exported)
 from sim.graphs import check_edge_index
 
@@ -199,16 +201,16 @@ class GNNLayer(nn.Module):
             raise ValueError(f"GNNLayer input must be [num_nodes={cfg.num_nodes}, in_features={cfg.in_features}], "
                              f"got {list(x.shape)}")
         if cfg.kind == "gcn":
-            with ops.kernel_scope("gemm"):
-                h = ops.gemm(x, self.weight)
+            with kernel_scope("gemm"):
+                h = gemm(x, self.weight)
             out = self.backend.aggregate(self, h)
         else:
             agg = self.backend.aggregate(self, x)
-            with ops.kernel_scope("gemm"):
-                h_self = ops.gemm(x, self.weight)
-            with ops.kernel_scope("gemm"):
-                h_neigh = ops.gemm(agg, self.weight_neigh)
-            with ops.kernel_scope("elementwise"):
-                out = ops.elementwise("add", h_self, h_neigh)
-        with ops.kernel_scope("elementwise"):
-            return ops.elementwise("relu", out)
+            with kernel_scope("gemm"):
+                h_self = gemm(x, self.weight)
+            with kernel_scope("gemm"):
+                h_neigh = gemm(agg, self.weight_neigh)
+            with kernel_scope("elementwise"):
+                out = elementwise("add", h_self, h_neigh)
+        with kernel_scope("elementwise"):
+            return elementwise("relu", out)

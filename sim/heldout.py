@@ -33,10 +33,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from costmodel.kernels import KernelSpec
-from costmodel.models import make_levels
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile
+from costmodel.families.descriptor import KernelSpec
+from costmodel.model.models import make_levels
+from costmodel.model.predictor import CostModel
+from costmodel.store.profile import DeviceProfile
 
 #: rows (distinct kernels) a family needs in the profile once the experiment's own kernels
 #: are left out, for its held-out prediction to rest on more than one or two measurements

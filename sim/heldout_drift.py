@@ -33,9 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from costmodel.kernels import KernelSpec
-
-#: references timed per family (the family's drift is their median)
+from costmodel.families.descriptor import KernelSpec
 REFERENCES_PER_FAMILY = 3
 #: families carrying less than this share of the traces' predicted L3 time get no references
 #: of their own (they take the median over every reference)
@@ -172,9 +170,9 @@ def family_drift(references: Sequence[HeldOutReference], measured_now_s: Sequenc
 def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], device: Any, *, cold: bool,
                      make_run: Callable[[KernelSpec], Callable[[], Any]] | None = None) -> list[HeldOutReference]:
     """The drift references of a held-out run (``sim.heldout.HeldOut``), each with a runner
-    timed as the profile timed it (``costmodel.runners.make_runner``)."""
+    timed as the profile timed it (``costmodel.measure.runners.make_runner``)."""
     from costmodel.families.descriptor import from_record  # noqa: PLC0415
-    from costmodel.runners import make_runner  # noqa: PLC0415
+    from costmodel.measure.runners import make_runner  # noqa: PLC0415
 
     if heldout.table is None or heldout.table.empty:
         return []

@@ -7,7 +7,7 @@ size``; the shapes are those of ``MoELayer``, ``GNNLayer`` and ``MLP`` in this p
 what each layer backend declares it allocates, ``sim/backends``): every weight that is alive
 at once, plus the activations of the largest point. If even
 that exceeds ``DEVICE_MEMORY_SHARE`` of the device's memory
-(``costmodel.ceilings.device_memory_bytes``: GPU memory, or the host's MemTotal), the run
+(``costmodel.measure.ceilings.device_memory_bytes``: GPU memory, or the host's MemTotal), the run
 is refused with the sizes and the keys that set them.
 """
 
@@ -18,8 +18,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from costmodel.ceilings import device_memory_bytes
-from costmodel.kernels import DTYPE_BYTES, INDEX_BYTES
+from costmodel.families.descriptor import DTYPE_BYTES, INDEX_BYTES
+from costmodel.measure.ceilings import device_memory_bytes
 from sim.backends import gnn_backend, moe_backend
 from sim.backends.moe import expert_projections, hidden_maps
 from sim.gnn_layer import GNNConfig

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from costmodel import ops
-from costmodel.kernels import ElementwiseSpec, GemmSpec, KernelSpec
+from costmodel.families.descriptor import KernelSpec
+from costmodel.families.elementwise import ElementwiseSpec, elementwise
+from costmodel.families.gemm import GemmSpec, gemm
+from costmodel.measure.scope import kernel_scope
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,9 @@ class MLP(nn.Module):
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with ops.kernel_scope("gemm"):
-            h = ops.gemm(x, self.w1)
-        with ops.kernel_scope("elementwise"):
-            h = ops.elementwise("gelu", h)
-        with ops.kernel_scope("gemm"):
-            return ops.gemm(h, self.w2)
+        with kernel_scope("gemm"):
+            h = gemm(x, self.w1)
+        with kernel_scope("elementwise"):
+            h = elementwise("gelu", h)
+        with kernel_scope("gemm"):
+            return gemm(h, self.w2)

@@ -27,18 +27,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from costmodel import ops
-from costmodel.kernels import (
-    ElementwiseSpec,
-    GatherSpec,
-    GemmSpec,
-    HistogramSpec,
-    KernelSpec,
-    ScatterSpec,
-    SoftmaxSpec,
-    SortSpec,
-    TopkSpec,
-)
+from costmodel.families.descriptor import KernelSpec
+from costmodel.families.elementwise import ElementwiseSpec, elementwise
+from costmodel.families.gather import GatherSpec, gather
+from costmodel.families.gemm import GemmSpec, gemm
+from costmodel.families.histogram import HistogramSpec, histogram
+from costmodel.families.scatter import ScatterSpec, scatter
+from costmodel.families.softmax import SoftmaxSpec, softmax
+from costmodel.families.sort import SortSpec, sort
+from costmodel.families.topk import TopkSpec, topk
+from costmodel.measure.scope import kernel_scope
 from sim.backends.moe import (  # noqa: F401 (MOE_BACKENDS and padded_slots re-exported)
     MOE_BACKENDS,
     expert_projections,
@@ -194,12 +192,12 @@ class MoELayer(nn.Module):
     def expert_activation(self, hidden: list[torch.Tensor]) -> torch.Tensor:
         """The activation between an expert's projections (what the backends call)."""
         if self.cfg.expert == "swiglu":
-            with ops.kernel_scope("elementwise"):
-                a = ops.elementwise("silu", hidden[0])
-            with ops.kernel_scope("elementwise"):
-                return ops.elementwise("mul", a, hidden[1])
-        with ops.kernel_scope("elementwise"):
-            return ops.elementwise("gelu", hidden[0])
+            with kernel_scope("elementwise"):
+                a = elementwise("silu", hidden[0])
+            with kernel_scope("elementwise"):
+                return elementwise("mul", a, hidden[1])
+        with kernel_scope("elementwise"):
+            return elementwise("gelu", hidden[0])
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor, routing: Routing | None = None) -> torch.Tensor:
@@ -207,34 +205,34 @@ class MoELayer(nn.Module):
         T, k, E = cfg.tokens, cfg.top_k, cfg.num_experts
         if x.shape != (T, cfg.d_model):
             raise ValueError(f"MoELayer input must be [tokens={T}, d_model={cfg.d_model}], got {list(x.shape)}")
-        with ops.kernel_scope("gemm"):
-            logits = ops.gemm(x, self.router)
-        with ops.kernel_scope("softmax"):
-            probs = ops.softmax(logits)
-        with ops.kernel_scope("topk"):
-            gate_vals, expert_ids = ops.topk(probs, k)
+        with kernel_scope("gemm"):
+            logits = gemm(x, self.router)
+        with kernel_scope("softmax"):
+            probs = softmax(logits)
+        with kernel_scope("topk"):
+            gate_vals, expert_ids = topk(probs, k)
         if routing is None:
             flat_expert = expert_ids.reshape(-1)
             flat_token = torch.arange(T, device=x.device).repeat_interleave(k)
             flat_gate = gate_vals.reshape(-1)
         else:
             flat_expert, flat_token, flat_gate = self._routing_tensors(routing, x.device)
-        with ops.kernel_scope("sort"):
-            sorted_expert, order = ops.sort(flat_expert)
-        with ops.kernel_scope("histogram"):
-            counts = ops.histogram(flat_expert, E)
-        with ops.kernel_scope("gather"):
-            token_idx = ops.gather(flat_token, order)
-        with ops.kernel_scope("gather"):
-            gates_sorted = ops.gather(flat_gate, order)
-        with ops.kernel_scope("gather"):
-            x_sorted = ops.gather(x, token_idx)
+        with kernel_scope("sort"):
+            sorted_expert, order = sort(flat_expert)
+        with kernel_scope("histogram"):
+            counts = histogram(flat_expert, E)
+        with kernel_scope("gather"):
+            token_idx = gather(flat_token, order)
+        with kernel_scope("gather"):
+            gates_sorted = gather(flat_gate, order)
+        with kernel_scope("gather"):
+            x_sorted = gather(x, token_idx)
         counts_list = counts.tolist()  # host needs the group sizes (a device sync on GPUs)
         y_sorted = self.backend.run_experts(self, x_sorted, counts_list)
-        with ops.kernel_scope("elementwise"):
-            weighted = ops.elementwise("scale", y_sorted, gates_sorted.unsqueeze(1))
-        with ops.kernel_scope("scatter"):
-            return ops.scatter(weighted, token_idx, T, reduce="sum", backend="index_add")
+        with kernel_scope("elementwise"):
+            weighted = elementwise("scale", y_sorted, gates_sorted.unsqueeze(1))
+        with kernel_scope("scatter"):
+            return scatter(weighted, token_idx, T, reduce="sum", backend="index_add")
 
     def _routing_tensors(self, routing: Routing, device: torch.device) -> tuple[torch.Tensor, ...]:
         cache = getattr(self, "_routing_cache", None)

@@ -10,13 +10,13 @@ freshness check can separate them: drift below the tolerance still moves the hea
 
 So every distinct kernel of an experiment's traces is timed in the *same* interleaved
 rounds as its layers (``experiments.common.measure_interleaved``), exactly as the profile
-times kernels (``costmodel.runners.make_runner``, the suite's cold-operand rotation, the
+times kernels (``costmodel.measure.runners.make_runner``, the suite's cold-operand rotation, the
 per-round budget). The rows replace the profile's rows of those kernels, as a refresh does
 (recorded in provenance with the ratio now/before per family and latency regime, so older
 rows of those families in those regimes are scaled in later fits,
-``costmodel.freshness.refresh_scale``); the models are
+``costmodel.measure.freshness.refresh_scale``); the models are
 refitted, and the layers are predicted from them. The ceilings' cold-call chain
-(``costmodel.ceilings``: what each kernel of a layer timed from evicted caches pays beyond
+(``costmodel.measure.ceilings``: what each kernel of a layer timed from evicted caches pays beyond
 its profiled time) is timed in the same rounds, cold and warm, and stored the same way
 (``record_cold_chain``): on the development VM it measured 14 us per op when the profile
 was made and 16-34 us a day later, and a loop MoE layer has 25-90 kernels.
@@ -44,13 +44,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.bench import measurement_row
-from costmodel.freshness import REFRESH_COMMAND, TIME_FORMAT, regime_of, regime_scales
-from costmodel.kernels import KernelSpec
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile
-from costmodel.runners import make_runner
-from costmodel.timing import Measurement
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.bench import measurement_row
+from costmodel.measure.freshness import REFRESH_COMMAND, TIME_FORMAT, regime_of, regime_scales
+from costmodel.measure.runners import make_runner
+from costmodel.measure.timing import Measurement
+from costmodel.model.predictor import CostModel
+from costmodel.store.profile import DeviceProfile
 
 TAG = "paired"
 
@@ -201,7 +201,7 @@ def record_cold_chain(profile: DeviceProfile, cold: Sequence[Measurement], warm:
     """Store the cold-call overhead measured from the chain's rounds (``cold``: each call after
     an eviction, ``warm``: back to back) in the profile's ceilings, keeping the previous
     value in the evidence; returns ``{"profiled", "now", "cold_s", "warm_s"}`` (seconds)."""
-    from costmodel.ceilings import COLD_CHAIN_OPS, cold_call_overhead_from, with_cold_call_overhead  # noqa: PLC0415
+    from costmodel.measure.ceilings import COLD_CHAIN_OPS, cold_call_overhead_from, with_cold_call_overhead  # noqa: PLC0415
 
     cold_s, warm_s = [m.median_s for m in cold], [m.median_s for m in warm]
     now = cold_call_overhead_from(cold_s, warm_s)

@@ -1,7 +1,7 @@
 """Latency-aware placement: put workloads on devices so the slowest device finishes first.
 
 ``place(workloads, devices, predict) -> Placement``. A ``PlacementWorkload`` is any predictable
-unit: a name, its kernel trace (``costmodel.kernels`` descriptors: a layer's hand-written
+unit: a name, its kernel trace (``costmodel.families`` descriptors: a layer's hand-written
 trace, or a captured module's), a memory footprint and a picklable factory that builds a
 runnable callable on a device (so a worker process can run it). A ``Device`` is a stored,
 fitted profile (``CostModel``: its fingerprint names device, threads, dtype) plus its
@@ -49,9 +49,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.device import Fingerprint
-from costmodel.kernels import KernelSpec
-from costmodel.predictor import CostModel
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.device import Fingerprint
+from costmodel.model.predictor import CostModel
 
 #: solvers ``place`` accepts: auto (exact when small, else LPT), milp, lpt
 SOLVERS = ("auto", "milp", "lpt")
@@ -107,14 +107,14 @@ class PlacementWorkload:
         if not isinstance(self.name, str) or not self.name:
             raise PlacementError(f"workload.name must be a non-empty string, got {self.name!r}")
         if isinstance(self.trace, (str, bytes, Mapping)) or not isinstance(self.trace, Iterable):
-            raise PlacementError(f"workload {self.name!r}: trace must be a sequence of costmodel.kernels descriptors, "
+            raise PlacementError(f"workload {self.name!r}: trace must be a sequence of costmodel.families descriptors, "
                                  f"got {type(self.trace).__name__}")
         trace = tuple(self.trace)
         if not trace:
             raise PlacementError(f"workload {self.name!r}: trace must list at least one kernel descriptor")
         bad = [type(s).__name__ for s in trace if not isinstance(s, KernelSpec)]
         if bad:
-            raise PlacementError(f"workload {self.name!r}: trace entries must be costmodel.kernels descriptors, "
+            raise PlacementError(f"workload {self.name!r}: trace entries must be costmodel.families descriptors, "
                                  f"got {sorted(set(bad))}")
         object.__setattr__(self, "trace", trace)
         if not _is_int(self.memory_bytes) or self.memory_bytes < 0:
@@ -174,8 +174,8 @@ class Device:
     def from_profile(cls, name: str, profile_root: str | Path, fingerprint: Fingerprint, *,
                      memory_bytes: int, cores: Sequence[int] | None = None) -> "Device":
         """The device whose fitted profile for ``fingerprint`` lies under ``profile_root``."""
-        from costmodel.predictor import StaleModelError
-        from costmodel.profile import DeviceProfile, ProfileError
+        from costmodel.model.predictor import StaleModelError
+        from costmodel.store.profile import DeviceProfile, ProfileError
 
         try:
             profile = DeviceProfile.open(profile_root, fingerprint, create=False)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from costmodel.kernels import DTYPE_BYTES, INDEX_BYTES, KernelSpec
+from costmodel.families.descriptor import DTYPE_BYTES, INDEX_BYTES, KernelSpec
 from sim.backends import gnn_backend
 from sim.calibration import TaggedSpecs, gemm_suite, gnn_suite, moe_suite, small_op_suite
 from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, gnn_trace

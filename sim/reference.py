@@ -11,7 +11,7 @@ graphs are seeded, so every device predicts exactly the same traces.
 
 from __future__ import annotations
 
-from costmodel.kernels import KernelSpec
+from costmodel.families.descriptor import KernelSpec
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.graphs import rmat
 from sim.mlp_layer import MLPConfig, mlp_trace

@@ -26,12 +26,12 @@ import pandas as pd
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from costmodel.features import kernel_table
-from costmodel.kernels import KernelSpec
-from costmodel.models import ExtrapolationWarning
-from costmodel.ops import SCOPE_PREFIX, kernel_scope
-from costmodel.predictor import LEVELS, CostModel
-from costmodel.timing import Measurement, TimingConfig, evict_caches, measure
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.scope import SCOPE_PREFIX, kernel_scope
+from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
+from costmodel.model.features import kernel_table
+from costmodel.model.models import ExtrapolationWarning
+from costmodel.model.predictor import CostModel, LEVELS
 
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # above USDT (5), kineto's most verbose-proof level: no profiler chatter
 

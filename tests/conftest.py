@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from costmodel.timing import TimingConfig
+from costmodel.measure.timing import TimingConfig
 
 #: fast enough for unit tests; these tests check behaviour, never speed
 TINY_TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1, layer_min_calls=3)
@@ -19,7 +19,7 @@ def tiny_timing() -> TimingConfig:
 def private_measuring_lock(tmp_path_factory, monkeypatch):
     """Tests take their own measuring lock, not the machine-wide one: a bench running on this
     machine must not make the test suite wait (nor the suite's tiny timings block it)."""
-    import costmodel.locks as locks
+    import costmodel.store.locks as locks
 
     path = tmp_path_factory.getbasetemp() / "measuring.lock"
     monkeypatch.setattr(locks, "default_measure_lock_path", lambda: path)
@@ -28,7 +28,7 @@ def private_measuring_lock(tmp_path_factory, monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def private_model_cache(tmp_path_factory):
-    """Fitted models go to a cache of this test session (``costmodel.model_cache``), never to
+    """Fitted models go to a cache of this test session (``costmodel.store.model_cache``), never to
     the user's real one; one folder per session, so a committed profile is fitted once. Set
     for the whole session (module fixtures too); subprocesses with their own environment
     pass ``os.environ["MOEGNN_MODEL_CACHE"]`` on."""

@@ -9,9 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel.kernels import GemmSpec, GroupedGemmSpec, ScatterSpec
-from costmodel.runners import make_runner
-from costmodel.timing import TimingConfig, measure
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.grouped_gemm import GroupedGemmSpec
+from costmodel.families.scatter import ScatterSpec
+from costmodel.measure.runners import make_runner
+from costmodel.measure.timing import TimingConfig, measure
 from sim.gnn_layer import GNN_BACKENDS, GNNConfig, GNNLayer
 from sim.graphs import rmat
 from sim.moe_layer import MOE_BACKENDS, MoEConfig, MoELayer, backend_unavailable_reason

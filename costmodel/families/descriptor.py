@@ -1,8 +1,8 @@
 """The base of every kernel descriptor: one frozen, hashable dataclass per kernel family.
 
 A descriptor is the single source of truth for a kernel's shape. The same object is
-*run* by the microbenchmark suite (``costmodel.runners``) and *predicted* by the cost
-model (``costmodel.features`` / ``costmodel.models``), and the layers in ``sim`` emit
+*run* by the microbenchmark suite (``costmodel.measure.runners``) and *predicted* by the cost
+model (``costmodel.model.features`` / ``costmodel.model.models``), and the layers in ``sim`` emit
 lists of them as their kernel trace. Each family's descriptor lives in its own module of
 ``costmodel.families``, with its runner, features and aten mapping.
 
@@ -138,7 +138,7 @@ class KernelSpec:
     def read_prefix_numel(self) -> tuple[int | None, ...] | None:
         """Per input of the family's runner, how many leading elements one call reads where
         that is fewer than the operand holds (None: all of it); None for every family that
-        reads its operands whole. The cold rotation (``costmodel.runners``) spaces copies by
+        reads its operands whole. The cold rotation (``costmodel.measure.runners``) spaces copies by
         what is read, so a call that reads a sliver of a large operand still reads it cold."""
         return None
 

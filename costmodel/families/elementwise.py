@@ -9,6 +9,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from costmodel.families.aten_map import Entry, OpCall, Unmappable, aten, dtype_name, register, spec_dtype
 from costmodel.families.columns import column, log10, onehot
@@ -71,13 +72,37 @@ def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSp
             for op, numel in grid(cfg, "op", "numel")]
 
 
+# ----------------------------------------------------------------------------- torch call
+
+_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "relu": F.relu,
+    "silu": F.silu,
+    "gelu": lambda x: F.gelu(x, approximate="tanh"),
+    "sigmoid": torch.sigmoid,
+    "copy": torch.clone,
+}
+
+
+def elementwise(op: str, *inputs: torch.Tensor) -> torch.Tensor:
+    """One elementwise pass; ``scale`` multiplies by a broadcast (e.g. [rows, 1]) tensor."""
+    if op in _ACTIVATIONS:
+        return _ACTIVATIONS[op](inputs[0])
+    if op == "add":
+        return inputs[0] + inputs[1]
+    if op in ("mul", "scale"):
+        return inputs[0] * inputs[1]
+    if op == "floordiv":
+        return torch.div(inputs[0], inputs[1], rounding_mode="floor")
+    if op == "fill":
+        return torch.zeros_like(inputs[0])
+    raise ValueError(f"unknown elementwise op {op!r}")
+
+
 # ----------------------------------------------------------------------------- runner
 
 
 def build(spec: ElementwiseSpec, device: torch.device, gen: torch.Generator,
           seed: int) -> tuple[Callable[..., Any], tuple]:
-    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
-
     n_inputs = ELEMENTWISE_OPS[spec.op][0]
     if spec.dtype in ("int64", "int32"):
         x = torch.randint(0, 1 << 20, (spec.numel,), generator=gen).to(device=device, dtype=getattr(torch, spec.dtype))
@@ -88,7 +113,7 @@ def build(spec: ElementwiseSpec, device: torch.device, gen: torch.Generator,
     op = spec.op
 
     def run_elementwise(a: Any, b: Any) -> torch.Tensor:
-        return ops.elementwise(op, a, b)
+        return elementwise(op, a, b)
 
     return run_elementwise, (x, second)
 

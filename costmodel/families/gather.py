@@ -17,9 +17,9 @@ from costmodel.families.descriptor import (
     FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_cv, check_optional_choice, check_positive,
 )
 from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.indices import realised_cv
 from costmodel.families.inputs import randn, skewed_index
 from costmodel.families.registry import SuiteContext, grid, register_family
-from costmodel.indices import realised_cv
 
 
 # ----------------------------------------------------------------------------- descriptor
@@ -79,19 +79,34 @@ def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSp
             for rows, width, src, cv, srt in grid(cfg, "num_rows", "width", "num_src", "index_cv", "sorted")]
 
 
+# ----------------------------------------------------------------------------- torch call
+
+
+def gather(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return src.index_select(0, index)
+
+
+def gather_by_indexing(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``src[index]``: aten ``index``, another kernel than ``index_select`` on the CPU."""
+    return src[index]
+
+
+def gather_elements(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``torch.gather`` along dim 0."""
+    return torch.gather(src, 0, index)
+
+
 # ----------------------------------------------------------------------------- runner
 
 
 def build(spec: GatherSpec, device: torch.device, gen: torch.Generator, seed: int) -> tuple[Callable[..., Any], tuple]:
-    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
-
     src = randn((spec.num_src, spec.width) if spec.width > 1 else (spec.num_src,), spec.dtype, device, gen)
     index = skewed_index(spec.num_rows, spec.num_src, spec.index_cv, spec.sorted, seed, device)
     if spec.op == "index":
-        return ops.gather_by_indexing, (src, index)
+        return gather_by_indexing, (src, index)
     if spec.op == "gather":
-        return ops.gather_elements, (src, index[:, None].expand(-1, spec.width) if spec.width > 1 else index)
-    return ops.gather, (src, index)
+        return gather_elements, (src, index[:, None].expand(-1, spec.width) if spec.width > 1 else index)
+    return gather, (src, index)
 
 
 # ----------------------------------------------------------------------------- features

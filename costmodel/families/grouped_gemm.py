@@ -10,10 +10,18 @@ from typing import Any, Callable, ClassVar, Mapping
 import numpy as np
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, matmul_dtype, matrix_layout, register
 from costmodel.families.columns import column, layout_features, log10, onehot
-from costmodel.families.descriptor import KernelSpec, check_choice, check_layout, check_positive, layout_flags
+from costmodel.families.descriptor import (
+    DTYPE_BYTES,
+    KernelSpec,
+    check_choice,
+    check_layout,
+    check_positive,
+    layout_flags,
+)
 from costmodel.families.inputs import randn_laid_out
 from costmodel.families.registry import SuiteContext, grid, register_family
 
@@ -162,17 +170,42 @@ def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSp
                                                                 "impl")]
 
 
+# ----------------------------------------------------------------------------- torch call
+
+
+def grouped_padded_bmm(x_padded: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """[E, max_tokens, K] @ [E, K, N] -> [E, max_tokens, N]."""
+    return torch.bmm(x_padded, w)
+
+
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """Ragged [sum n_e, K] @ [E, K, N] with int32 group end offsets."""
+    return F.grouped_mm(x, w, offs=offsets)
+
+
+def grouped_mm_unavailable_reason(k: int, n: int, dtype: str, device: torch.device) -> str | None:
+    """Why ``grouped_mm`` cannot run this shape here, or None if it can."""
+    if not hasattr(F, "grouped_mm"):
+        return f"torch {torch.__version__} has no torch.nn.functional.grouped_mm (added in torch 2.8)"
+    row_bytes = DTYPE_BYTES[dtype]
+    if (k * row_bytes) % 16 or (n * row_bytes) % 16:
+        return f"grouped_mm needs K and N rows in multiples of 16 bytes (K={k}, N={n}, {dtype})"
+    if device.type == "cuda":
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 8 or dtype != "bfloat16":
+            return "grouped_mm on CUDA needs bfloat16 on a device of compute capability >= 8.0"
+    return None
+
+
 # ----------------------------------------------------------------------------- runner
 
 
 def build(spec: GroupedGemmSpec, device: torch.device, gen: torch.Generator,
           seed: int) -> tuple[Callable[..., Any], tuple]:
-    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
-
     dt = spec.dtype
     trans_a, trans_b = layout_flags(spec.layout)
     if spec.impl == "padded_bmm":
-        return ops.grouped_padded_bmm, (randn_laid_out((spec.num_experts, spec.max_tokens, spec.k), trans_a, dt, device, gen),
+        return grouped_padded_bmm, (randn_laid_out((spec.num_experts, spec.max_tokens, spec.k), trans_a, dt, device, gen),
                                         randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen))
     counts = spec.tokens_per_expert
     if spec.impl == "grouped_mm":
@@ -182,9 +215,9 @@ def build(spec: GroupedGemmSpec, device: torch.device, gen: torch.Generator,
         counts = tuple(sorted(counts, key=lambda c: c == 0))
     offsets = torch.tensor(np.cumsum(counts), dtype=torch.int32, device=device)
     if spec.impl == "grouped_mm_ragged_k":
-        return ops.grouped_mm, (randn_laid_out((spec.k, spec.total_tokens), trans_a, dt, device, gen),
+        return grouped_mm, (randn_laid_out((spec.k, spec.total_tokens), trans_a, dt, device, gen),
                                 randn_laid_out((spec.total_tokens, spec.n), trans_b, dt, device, gen), offsets)
-    return ops.grouped_mm, (randn_laid_out((spec.total_tokens, spec.k), trans_a, dt, device, gen),
+    return grouped_mm, (randn_laid_out((spec.total_tokens, spec.k), trans_a, dt, device, gen),
                             randn_laid_out((spec.num_experts, spec.k, spec.n), trans_b, dt, device, gen), offsets)
 
 

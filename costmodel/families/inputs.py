@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import torch
 
-from costmodel.indices import index_for_cv
+from costmodel.families.indices import index_for_cv
 
 
 def randn(shape: tuple[int, ...], dtype: str, device: torch.device, gen: torch.Generator) -> torch.Tensor:
@@ -22,7 +22,7 @@ def randn_laid_out(shape: tuple[int, ...], transposed: bool, dtype: str, device:
                    gen: torch.Generator) -> torch.Tensor:
     """``randn`` of logical ``shape``; with ``transposed`` its last two dims are stored
     swapped and the tensor is their transposed view (a ``W.t()`` operand), which the cold
-    rotation of ``costmodel.runners`` keeps in that layout."""
+    rotation of ``costmodel.measure.runners`` keeps in that layout."""
     if not transposed:
         return randn(shape, dtype, device, gen)
     return randn((*shape[:-2], shape[-1], shape[-2]), dtype, device, gen).transpose(-2, -1)
@@ -31,7 +31,7 @@ def randn_laid_out(shape: tuple[int, ...], transposed: bool, dtype: str, device:
 def skewed_index(num_rows: int, num_targets: int, cv: float, sorted_: bool, seed: int,
                  device: torch.device) -> torch.Tensor:
     """``num_rows`` ids in [0, num_targets) whose per-target counts have CV ``cv``
-    (``costmodel.indices.index_for_cv``), ascending when ``sorted_``."""
+    (``costmodel.families.indices.index_for_cv``), ascending when ``sorted_``."""
     index, _ = index_for_cv(num_rows, num_targets, cv, sorted=sorted_, seed=seed)
     return torch.from_numpy(index.copy()).to(device)  # the cached array is read-only
 

@@ -6,7 +6,7 @@ Each family is one module of ``costmodel.families`` that defines its descriptor 
 section of a suite yaml -> the descriptors to measure), a ``build`` function
 (the suite's runner: inputs made once, outside the timed region), a ``features`` function
 (the family's own model columns, beside the ones every family gets in
-``costmodel.features``) and the aten ops that map to it (``costmodel.families.aten_map``),
+``costmodel.model.features``) and the aten ops that map to it (``costmodel.families.aten_map``),
 and ends with ``register_family``. PyTorch registers FLOP formulas per aten op the same way
 (``torch/utils/flop_counter.py``, ``register_flop_formula``).
 """

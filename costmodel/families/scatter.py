@@ -15,9 +15,9 @@ from costmodel.families.aten_map import OpCall, Unmappable, aten, dtype_name, in
 from costmodel.families.columns import aggregation_features, column, flag, onehot
 from costmodel.families.descriptor import INDEX_BYTES, KernelSpec, check_choice, check_cv, check_positive
 from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.indices import realised_cv
 from costmodel.families.inputs import randn, skewed_index
 from costmodel.families.registry import SuiteContext, grid, register_family
-from costmodel.indices import realised_cv
 
 
 # ----------------------------------------------------------------------------- descriptor
@@ -105,12 +105,65 @@ def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSp
     return out
 
 
+# ----------------------------------------------------------------------------- torch call
+
+
+def torch_scatter_version() -> str | None:
+    """Installed torch-scatter version, or None (it is an optional backend)."""
+    try:
+        import torch_scatter  # noqa: F401
+    except Exception:  # ImportError, or an ABI mismatch with the installed torch
+        return None
+    return str(getattr(torch_scatter, "__version__", "unknown"))
+
+
+def scatter_backends_available() -> tuple[str, ...]:
+    """Scatter backends usable in this process (torch-scatter only where installed)."""
+    if torch_scatter_version() is None:
+        return tuple(b for b in SCATTER_BACKENDS if b != "torch_scatter")
+    return SCATTER_BACKENDS
+
+
+def check_scatter_backend(backend: str) -> None:
+    if backend not in SCATTER_BACKENDS:
+        raise ValueError(f"scatter backend must be one of {list(SCATTER_BACKENDS)}, got {backend!r}")
+    if backend not in scatter_backends_available():
+        raise ValueError(
+            "scatter backend 'torch_scatter' is not installed here: "
+            "pip install --no-build-isolation torch-scatter (compiles against the installed torch); "
+            f"available: {list(scatter_backends_available())}"
+        )
+
+
+def scatter(
+    src: torch.Tensor, index: torch.Tensor, num_dst: int, *, reduce: str, backend: str
+) -> torch.Tensor:
+    """Reduce rows of ``src`` [E, F] into a fresh [num_dst, F] at ``index`` [E].
+
+    Rows of the output that receive nothing are 0 for every backend and reduction.
+    """
+    width = src.shape[1]
+    if backend == "index_add":
+        return torch.zeros(num_dst, width, dtype=src.dtype, device=src.device).index_add_(0, index, src)
+    if backend == "index_copy":
+        return torch.zeros(num_dst, width, dtype=src.dtype, device=src.device).index_copy_(0, index, src)
+    if backend == "index_put":
+        return torch.zeros(num_dst, width, dtype=src.dtype, device=src.device).index_put_((index,), src, accumulate=True)
+    if backend == "scatter_reduce":
+        out = torch.zeros(num_dst, width, dtype=src.dtype, device=src.device)
+        torch_reduce = {"sum": "sum", "mean": "mean", "max": "amax"}[reduce]
+        return out.scatter_reduce_(0, index.view(-1, 1).expand_as(src), src, torch_reduce, include_self=False)
+    if backend == "torch_scatter":
+        import torch_scatter
+
+        return torch_scatter.scatter(src, index, dim=0, dim_size=num_dst, reduce=reduce)
+    raise ValueError(f"scatter backend must be one of {list(SCATTER_BACKENDS)}, got {backend!r}")
+
+
 # ----------------------------------------------------------------------------- runner
 
 
 def build(spec: ScatterSpec, device: torch.device, gen: torch.Generator, seed: int) -> tuple[Callable[..., Any], tuple]:
-    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
-
     src = randn((spec.num_rows, spec.width), spec.dtype, device, gen)
     if spec.backend == "index_copy":  # a copy needs distinct destinations
         perm = np.random.default_rng(seed).permutation(spec.num_dst)[: spec.num_rows]
@@ -119,7 +172,7 @@ def build(spec: ScatterSpec, device: torch.device, gen: torch.Generator, seed: i
         index = skewed_index(spec.num_rows, spec.num_dst, spec.index_cv, spec.sorted, seed, device)
 
     def run_scatter(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        return ops.scatter(src, index, spec.num_dst, reduce=spec.reduce, backend=spec.backend)
+        return scatter(src, index, spec.num_dst, reduce=spec.reduce, backend=spec.backend)
 
     return run_scatter, (src, index)
 
@@ -176,7 +229,7 @@ def _index_op(reduce: str, backend: str) -> Callable[[OpCall], KernelSpec]:
 
 register([aten.index_add_, aten.index_add], family="scatter",
          note="backend index_add, reduce sum; a zero fill of the destination just before is part of the "
-              "call (as in costmodel.ops.scatter)")(_index_op("sum", "index_add"))
+              "call (as in costmodel.families.scatter.scatter)")(_index_op("sum", "index_add"))
 register([aten.index_copy_, aten.index_copy], family="scatter",
          note="backend index_copy, reduce copy")(_index_op("copy", "index_copy"))
 

@@ -16,9 +16,9 @@ import torch
 from costmodel.families.aten_map import OpCall, Unmappable, aten, register, spec_dtype
 from costmodel.families.columns import aggregation_features, column, elem_bytes, log10
 from costmodel.families.descriptor import INDEX_BYTES, KernelSpec, check_cv, check_positive
+from costmodel.families.indices import column_pattern, index_for_share, pattern_of_counts, realised_cv
 from costmodel.families.inputs import csr_from_index, randn, skewed_index
 from costmodel.families.registry import SuiteContext, grid, register_family
-from costmodel.indices import column_pattern, index_for_share, pattern_of_counts, realised_cv
 
 
 # ----------------------------------------------------------------------------- descriptor
@@ -104,12 +104,18 @@ def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSp
     return out
 
 
+# ----------------------------------------------------------------------------- torch call
+
+
+def spmm(adjacency_csr: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """CSR [N_dst, N_src] @ dense [N_src, F] (gather and sum fused)."""
+    return torch.sparse.mm(adjacency_csr, x)
+
+
 # ----------------------------------------------------------------------------- runner
 
 
 def build(spec: SpmmSpec, device: torch.device, gen: torch.Generator, seed: int) -> tuple[Callable[..., Any], tuple]:
-    from costmodel import ops  # noqa: PLC0415 (ops imports the descriptors)
-
     dst = skewed_index(spec.nnz, spec.num_dst, spec.index_cv, True, seed, device).cpu()
     if spec.src_cv is None or spec.src_read_share is None:  # unset: uniform random columns
         src_ids = torch.randint(0, spec.num_src, (spec.nnz,), generator=gen)
@@ -117,7 +123,7 @@ def build(spec: SpmmSpec, device: torch.device, gen: torch.Generator, seed: int)
         columns = index_for_share(spec.nnz, spec.num_src, spec.src_cv, spec.src_read_share, seed=seed + 1)[0]
         src_ids = torch.from_numpy(columns.copy())
     adjacency = csr_from_index(dst, src_ids, spec.num_dst, spec.num_src, None, getattr(torch, spec.dtype), device)
-    return ops.spmm, (adjacency, randn((spec.num_src, spec.width), spec.dtype, device, gen))
+    return spmm, (adjacency, randn((spec.num_src, spec.width), spec.dtype, device, gen))
 
 
 # ----------------------------------------------------------------------------- features
@@ -178,7 +184,7 @@ def spmm_spec(sparse: torch.Tensor, dense: torch.Tensor, call: OpCall, init: tor
 @register([aten._sparse_addmm, aten._sparse_mm], family="spmm", sparse=True,
           note="CSR (or COO: nearest, the same work over its non-zeros) x dense; index_cv = CV of the row lengths "
                "(in-degree), src_cv and src_read_share from the column indices (which rows of the dense operand "
-               "are read); a zero fill of the output just before is part of the call (as in costmodel.ops.spmm)")
+               "are read); a zero fill of the output just before is part of the call (as in costmodel.families.spmm.spmm)")
 def _sparse(call: OpCall) -> KernelSpec:
     if call.func.overloadpacket is aten._sparse_addmm:
         return spmm_spec(call.args[1], call.args[2], call, call.args[0])

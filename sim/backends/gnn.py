@@ -18,7 +18,7 @@ Registered backends (``GNN_BACKENDS``, looked up by ``gnn.backend``):
 
 - ``index_add`` (``index_add_``, sum only), ``scatter_reduce`` and ``torch_scatter``
   (where installed): gather the source rows, scale them (GCN sum), scatter-reduce them into
-  the destinations; the backend's name is the ``ScatterSpec`` / ``ops.scatter`` implementation;
+  the destinations; the backend's name is the ``ScatterSpec`` / ``costmodel.families.scatter.scatter`` implementation;
 - ``sparse_csr``: gather, scaling and sum/mean fused into one CSR sparse-dense matmul
   (``torch.sparse.mm``; no max), whose cost depends on which source rows it reads.
 
@@ -36,10 +36,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import torch
 
-from costmodel import ops
-from costmodel.indices import column_pattern, index_for_share, min_cv_for_share
-from costmodel.kernels import DTYPE_BYTES, INDEX_BYTES, ElementwiseSpec, GatherSpec, KernelSpec, ScatterSpec, SpmmSpec
-from costmodel.runners import csr_from_index
+from costmodel.families.descriptor import DTYPE_BYTES, INDEX_BYTES, KernelSpec
+from costmodel.families.elementwise import ElementwiseSpec, elementwise
+from costmodel.families.gather import GatherSpec, gather
+from costmodel.families.indices import column_pattern, index_for_share, min_cv_for_share
+from costmodel.families.scatter import ScatterSpec, scatter, scatter_backends_available
+from costmodel.families.spmm import SpmmSpec, spmm
+from costmodel.measure.runners import csr_from_index
+from costmodel.measure.scope import kernel_scope
 from sim.backends.registry import BackendRegistry
 
 if TYPE_CHECKING:  # annotations only: sim.gnn_layer imports this module
@@ -93,7 +97,7 @@ class GNNBackend(ABC):
 @dataclass(frozen=True)
 class ScatterAggregation(GNNBackend):
     """Gather the source rows, scale them (GCN sum), scatter-reduce into the destinations
-    with the scatter implementation of the same name (``costmodel.ops.scatter``)."""
+    with the scatter implementation of the same name (``costmodel.families.scatter.scatter``)."""
 
     name: str
     aggregations: tuple[str, ...]
@@ -101,19 +105,19 @@ class ScatterAggregation(GNNBackend):
     missing_hint: str = ""  # what to install when the implementation is absent here
 
     def unavailable_reason(self) -> str | None:
-        if self.name not in ops.scatter_backends_available():
+        if self.name not in scatter_backends_available():
             return self.missing_hint or f"scatter implementation {self.name!r} is not available here"
         return None
 
     def aggregate(self, layer: GNNLayer, h: torch.Tensor) -> torch.Tensor:
         cfg = layer.cfg
-        with ops.kernel_scope("gather"):
-            messages = ops.gather(h, layer.src)
+        with kernel_scope("gather"):
+            messages = gather(h, layer.src)
         if cfg.scales_messages:
-            with ops.kernel_scope("elementwise"):
-                messages = ops.elementwise("scale", messages, layer.edge_norm)
-        with ops.kernel_scope("scatter"):
-            return ops.scatter(messages, layer.dst, cfg.num_nodes, reduce=cfg.aggregation, backend=self.name)
+            with kernel_scope("elementwise"):
+                messages = elementwise("scale", messages, layer.edge_norm)
+        with kernel_scope("scatter"):
+            return scatter(messages, layer.dst, cfg.num_nodes, reduce=cfg.aggregation, backend=self.name)
 
     def aggregate_trace(self, cfg: GNNConfig, plan: GraphPlan) -> list[KernelSpec]:
         N, E, W, dt = cfg.num_nodes, plan.num_edges, cfg.agg_width, cfg.dtype
@@ -137,8 +141,8 @@ class SparseCSRAggregation(GNNBackend):
         return csr_from_index(dst, src, num_nodes, num_nodes, torch.from_numpy(norm), dtype, device)
 
     def aggregate(self, layer: GNNLayer, h: torch.Tensor) -> torch.Tensor:
-        with ops.kernel_scope("spmm"):
-            return ops.spmm(layer.aggregation_state, h)
+        with kernel_scope("spmm"):
+            return spmm(layer.aggregation_state, h)
 
     def aggregate_trace(self, cfg: GNNConfig, plan: GraphPlan) -> list[KernelSpec]:
         N = cfg.num_nodes

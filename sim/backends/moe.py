@@ -32,9 +32,19 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from costmodel import ops
-from costmodel.kernels import ElementwiseSpec, GatherSpec, GemmSpec, GroupedGemmSpec, KernelSpec, ScatterSpec
-from costmodel.suite import capped_power_law_counts, power_law_counts
+from costmodel.families.descriptor import KernelSpec
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.gather import GatherSpec, gather
+from costmodel.families.gemm import GemmSpec, gemm
+from costmodel.families.grouped_gemm import (
+    GroupedGemmSpec,
+    grouped_mm,
+    grouped_mm_unavailable_reason,
+    grouped_padded_bmm,
+)
+from costmodel.families.scatter import ScatterSpec, scatter
+from costmodel.measure.scope import kernel_scope
+from costmodel.measure.suite import capped_power_law_counts, power_law_counts
 from sim.backends.registry import BackendRegistry
 
 if TYPE_CHECKING:  # annotations only: sim.moe_layer imports this module
@@ -142,10 +152,10 @@ class LoopExperts(MoEBackend):
             rows = x_sorted[start : start + n_e]
             hidden = []
             for w in first:
-                with ops.kernel_scope("gemm"):
-                    hidden.append(ops.gemm(rows, w[e]))
+                with kernel_scope("gemm"):
+                    hidden.append(gemm(rows, w[e]))
             act = layer.expert_activation(hidden)
-            with ops.kernel_scope("gemm"):
+            with kernel_scope("gemm"):
                 torch.matmul(act, last[e], out=y[start : start + n_e])
             start += n_e
         return y
@@ -181,18 +191,18 @@ class PaddedExperts(MoEBackend):
         E, D = layer.cfg.num_experts, layer.cfg.d_model
         max_n = max(counts)
         slots = torch.from_numpy(padded_slots(counts)).to(x_sorted.device)
-        with ops.kernel_scope("scatter"):
-            x_pad = ops.scatter(x_sorted, slots, E * max_n, reduce="copy", backend="index_copy").view(E, max_n, D)
+        with kernel_scope("scatter"):
+            x_pad = scatter(x_sorted, slots, E * max_n, reduce="copy", backend="index_copy").view(E, max_n, D)
         *first, last = layer.projections
         hidden = []
         for w in first:
-            with ops.kernel_scope("grouped_gemm"):
-                hidden.append(ops.grouped_padded_bmm(x_pad, w))
+            with kernel_scope("grouped_gemm"):
+                hidden.append(grouped_padded_bmm(x_pad, w))
         act = layer.expert_activation(hidden)
-        with ops.kernel_scope("grouped_gemm"):
-            y_pad = ops.grouped_padded_bmm(act, last)
-        with ops.kernel_scope("gather"):
-            return ops.gather(y_pad.view(E * max_n, D), slots)
+        with kernel_scope("grouped_gemm"):
+            y_pad = grouped_padded_bmm(act, last)
+        with kernel_scope("gather"):
+            return gather(y_pad.view(E * max_n, D), slots)
 
     def expert_trace(self, cfg: MoEConfig, plan: DispatchPlan) -> list[KernelSpec]:
         A, D, rows, dt = plan.assignments, cfg.d_model, plan.padded_rows, cfg.dtype
@@ -232,7 +242,7 @@ class GroupedExperts(MoEBackend):
 
     def unavailable_reason(self, cfg: MoEConfig, device: torch.device) -> str | None:
         for k, n in ((cfg.d_model, cfg.d_ff), (cfg.d_ff, cfg.d_model)):
-            reason = ops.grouped_mm_unavailable_reason(k, n, cfg.dtype, device)
+            reason = grouped_mm_unavailable_reason(k, n, cfg.dtype, device)
             if reason:
                 return reason
         return None
@@ -243,11 +253,11 @@ class GroupedExperts(MoEBackend):
         *first, last = layer.projections
         hidden = []
         for w in first:
-            with ops.kernel_scope("grouped_gemm"):
-                hidden.append(ops.grouped_mm(x_sorted, w, offsets))
+            with kernel_scope("grouped_gemm"):
+                hidden.append(grouped_mm(x_sorted, w, offsets))
         act = layer.expert_activation(hidden)
-        with ops.kernel_scope("grouped_gemm"):
-            return ops.grouped_mm(act, last, offsets)
+        with kernel_scope("grouped_gemm"):
+            return grouped_mm(act, last, offsets)
 
     def expert_trace(self, cfg: MoEConfig, plan: DispatchPlan) -> list[KernelSpec]:
         proj, dt = expert_projections(cfg), cfg.dtype

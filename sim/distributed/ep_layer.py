@@ -36,7 +36,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from costmodel import ops
+from costmodel.families.elementwise import elementwise
+from costmodel.families.gather import gather
+from costmodel.families.gemm import gemm
+from costmodel.families.histogram import histogram
+from costmodel.families.scatter import scatter
+from costmodel.families.softmax import softmax
+from costmodel.families.sort import sort
+from costmodel.families.topk import topk
+from costmodel.measure.scope import kernel_scope
 from sim.backends.moe import moe_backend
 from sim.distributed.ep_plan import EPPlan
 from sim.distributed.launch import run_ep
@@ -107,22 +115,22 @@ class EPMoELayer(nn.Module):
             raise ValueError(f"rank {self.rank} input must be [shard tokens={self.shard_tokens}, "
                              f"d_model={cfg.d_model}], got {list(x.shape)}")
         # the router's kernels, paid and then overridden by the routing (as MoELayer with a routing)
-        with ops.kernel_scope("gemm"):
-            logits = ops.gemm(x, self.router)
-        with ops.kernel_scope("softmax"):
-            probs = ops.softmax(logits)
-        with ops.kernel_scope("topk"):
-            ops.topk(probs, cfg.top_k)
-        with ops.kernel_scope("sort"):
-            _, order = ops.sort(self._key)
-        with ops.kernel_scope("histogram"):
-            send_counts = ops.histogram(self._key, W * L)
-        with ops.kernel_scope("gather"):
-            token_idx = ops.gather(self._token, order)
-        with ops.kernel_scope("gather"):
-            gates = ops.gather(self._gate, order)
-        with ops.kernel_scope("gather"):
-            x_send = ops.gather(x, token_idx)
+        with kernel_scope("gemm"):
+            logits = gemm(x, self.router)
+        with kernel_scope("softmax"):
+            probs = softmax(logits)
+        with kernel_scope("topk"):
+            topk(probs, cfg.top_k)
+        with kernel_scope("sort"):
+            _, order = sort(self._key)
+        with kernel_scope("histogram"):
+            send_counts = histogram(self._key, W * L)
+        with kernel_scope("gather"):
+            token_idx = gather(self._token, order)
+        with kernel_scope("gather"):
+            gates = gather(self._gate, order)
+        with kernel_scope("gather"):
+            x_send = gather(x, token_idx)
 
         # dispatch: counts first (L per rank pair), then the rows with uneven splits
         recv_counts = torch.empty_like(send_counts)
@@ -138,24 +146,24 @@ class EPMoELayer(nn.Module):
             raise RuntimeError(f"rank {self.rank} received {slot_counts} rows per local slot, its plan says "
                                f"{self._expected_rows}: the ranks were given different plans")
         slot_of_row = torch.arange(L).repeat(W).repeat_interleave(recv_counts)  # arrivals: by source, then slot
-        with ops.kernel_scope("sort"):
-            _, perm = ops.sort(slot_of_row)
-        with ops.kernel_scope("gather"):
-            x_grouped = ops.gather(x_recv, perm)
+        with kernel_scope("sort"):
+            _, perm = sort(slot_of_row)
+        with kernel_scope("gather"):
+            x_grouped = gather(x_recv, perm)
         if x_grouped.shape[0]:
             y_grouped = self.backend.run_experts(self.experts, x_grouped, slot_counts[:n_local])
         else:  # no rows arrived (a rank may even hold no slot): nothing to run
             y_grouped = x_grouped
-        with ops.kernel_scope("scatter"):
-            y_recv = ops.scatter(y_grouped, perm, y_grouped.shape[0], reduce="copy", backend="index_copy")
+        with kernel_scope("scatter"):
+            y_recv = scatter(y_grouped, perm, y_grouped.shape[0], reduce="copy", backend="index_copy")
 
         # combine: the same splits reversed, then gates and the sum over each token's experts
         y_back = x.new_empty(x_send.shape[0], cfg.d_model)
         dist.all_to_all_single(y_back, y_recv, output_split_sizes=send_split, input_split_sizes=recv_split)
-        with ops.kernel_scope("elementwise"):
-            weighted = ops.elementwise("scale", y_back, gates.unsqueeze(1))
-        with ops.kernel_scope("scatter"):
-            return ops.scatter(weighted, token_idx, self.shard_tokens, reduce="sum", backend="index_add")
+        with kernel_scope("elementwise"):
+            weighted = elementwise("scale", y_back, gates.unsqueeze(1))
+        with kernel_scope("scatter"):
+            return scatter(weighted, token_idx, self.shard_tokens, reduce="sum", backend="index_add")
 
 
 Case = tuple[MoEConfig, EPPlan, Routing]

@@ -5,7 +5,7 @@ together), ``time.perf_counter`` around ``step()`` on each rank, then an ``all_r
 with MAX, so the step's time is the slowest rank's, as a synchronous step is (the
 collectives inside the step already make the fast ranks wait; the MAX also counts the
 waits at its end). The first ``warmup`` repeats are dropped; the rest are returned as the
-project's ``costmodel.timing.Measurement`` (median and IQR, one call per timed block),
+project's ``costmodel.measure.timing.Measurement`` (median and IQR, one call per timed block),
 the same on every rank. Meant for small steps and few repeats; it does not retry.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from costmodel.timing import Measurement, TimingConfig
+from costmodel.measure.timing import Measurement, TimingConfig
 
 MAX_WARMUP = 100
 MAX_REPEATS = 1000

@@ -7,9 +7,7 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from costmodel.kernels import GemmSpec
-
-#: the ceilings of the synthetic profiles (100 GFLOP/s peak, 10 GB/s, 1 us per call)
+from costmodel.families.gemm import GemmSpec
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
 
 

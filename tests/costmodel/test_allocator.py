@@ -6,7 +6,7 @@ import platform
 
 import pytest
 
-from costmodel import allocator
+from costmodel.measure import allocator
 
 
 class FakeLibc:

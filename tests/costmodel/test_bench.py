@@ -7,12 +7,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-import costmodel.bench as bench
-from costmodel.bench import SizeLimits, measure_specs
-from costmodel.device import fingerprint
-from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
-from costmodel.profile import DeviceProfile
-from costmodel.timing import TimingConfig
+import costmodel.measure.bench as bench
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.histogram import HistogramSpec
+from costmodel.families.sort import SortSpec
+from costmodel.measure.bench import SizeLimits, measure_specs
+from costmodel.measure.device import fingerprint
+from costmodel.measure.timing import TimingConfig
+from costmodel.store.profile import DeviceProfile
 
 TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2)
 LIMITS = SizeLimits(max_flops=1e6, max_bytes=1e8)

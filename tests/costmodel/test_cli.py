@@ -109,7 +109,7 @@ def _wait_for(predicate, what: str, timeout_s: float = 300.0) -> None:
 def _hold_measuring_lock(lock: Path) -> subprocess.Popen:
     """Another measuring process: holds the lock at ``lock`` until its stdin closes."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from costmodel.locks import MeasureLockConfig, measuring\n"
+        [sys.executable, "-c", "import sys; from costmodel.store.locks import MeasureLockConfig, measuring\n"
          "with measuring('holder', MeasureLockConfig(path=sys.argv[1])):\n print('held', flush=True); sys.stdin.readline()",
          str(lock)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT)})
     assert holder.stdout.readline().strip() == "held"

@@ -8,10 +8,10 @@ import logging
 import pytest
 from omegaconf import OmegaConf
 
-from costmodel.bench_command import selected_families
-from costmodel.cli_errors import report_user_errors
-from costmodel.profile import ProfileError
-from costmodel.suite import expand_suite
+from costmodel.cli.bench_command import selected_families
+from costmodel.cli.errors import report_user_errors
+from costmodel.measure.suite import expand_suite
+from costmodel.store.profile import ProfileError
 
 
 @report_user_errors

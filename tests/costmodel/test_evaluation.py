@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.evaluation import (extrapolation_split, heldout_split, max_ape_within_prob, metrics,
+from costmodel.model.evaluation import (extrapolation_split, heldout_split, max_ape_within_prob, metrics,
                                   noise_floor_max_ape_pct)
-from costmodel.features import kernel_table
-from costmodel.kernels import GemmSpec, ScatterSpec
-from costmodel.models import shape_groups
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.scatter import ScatterSpec
+from costmodel.model.features import kernel_table
+from costmodel.model.models import shape_groups
 
 
 def test_metrics_hand_computed():

@@ -12,11 +12,11 @@ import torch
 
 from costmodel.families import aten_map, descriptor, family_of, register_family, registered, registry
 from costmodel.families.columns import column, log10
+from costmodel.families.descriptor import KernelSpec, families, from_record
 from costmodel.families.registry import grid
-from costmodel.features import family_features, kernel_table
-from costmodel.kernels import KernelSpec, families, from_record
-from costmodel.runners import make_runner
-from costmodel.suite import expand_suite
+from costmodel.measure.runners import make_runner
+from costmodel.measure.suite import expand_suite
+from costmodel.model.features import family_features, kernel_table
 from sim.aten_registry import registry_table
 from sim.capture import capture_trace
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import fleet
-from costmodel.device import Fingerprint, InconsistentFingerprintError, ProfileMismatchError
-from costmodel.profile import DeviceProfile, ProfileError
+from costmodel.cli import fleet
+from costmodel.measure.device import Fingerprint, InconsistentFingerprintError, ProfileMismatchError
+from costmodel.store.profile import DeviceProfile, ProfileError
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM = "cpu-intel-r-xeon-r-processor-t2-float32-b3d5410f1a"  # a committed profile

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import fleet
+from costmodel.cli import fleet
 
 ROOT = Path(__file__).resolve().parents[2]
 COLD = "cpu-intel-r-xeon-r-processor-t2-float32-2862a8a0be"  # every family
@@ -135,9 +135,9 @@ def test_a_pickle_in_a_profile_folder_is_never_loaded(tmp_path):
 
     import joblib
 
-    from costmodel.model_cache import ModelCacheWarning
-    from costmodel.predictor import MODEL_VERSION
-    from costmodel.profile import DeviceProfile
+    from costmodel.store.model_cache import ModelCacheWarning
+    from costmodel.model.predictor import MODEL_VERSION
+    from costmodel.store.profile import DeviceProfile
 
     dst = tmp_path / "root" / WARM
     shutil.copytree(ROOT / "profiles" / WARM, dst)

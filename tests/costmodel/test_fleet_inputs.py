@@ -1,4 +1,4 @@
-"""`costmodel.fleet`'s bad inputs (issue 28) and its layering, on tiny synthetic profiles
+"""`costmodel.cli.fleet`'s bad inputs (issue 28) and its layering, on tiny synthetic profiles
 (30 GEMMs each: a fit takes well under a second): a corrupt or unloadable model bundle, an
 unreadable folder, rich markup in a device name or a path, a dtype this code does not
 know, ``--out`` naming a file; and that the fleet never imports ``sim``."""
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from costmodel import fleet
-from costmodel.device import Fingerprint
-from costmodel.kernels import GemmSpec
-from costmodel.model_cache import ModelCacheWarning
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile
+from costmodel.cli import fleet
+from costmodel.families.gemm import GemmSpec
+from costmodel.measure.device import Fingerprint
+from costmodel.model.predictor import CostModel
+from costmodel.store.model_cache import ModelCacheWarning
+from costmodel.store.profile import DeviceProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 FIELDS = dict(device_kind="cpu", device_name="Test CPU", torch_version="2.13.0+cpu", blas="mkl", threads=2,
@@ -60,7 +60,7 @@ def _env() -> dict[str, str]:
 
 
 def test_importing_the_fleet_imports_no_sim(tmp_path):
-    done = _no_sim_after("import costmodel.fleet", tmp_path)
+    done = _no_sim_after("import costmodel.cli.fleet", tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "SIM: []"
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from costmodel.bench import SizeLimits, measure_specs
-from costmodel import freshness
-from costmodel.freshness import (
+from costmodel.measure import freshness
+from costmodel.measure.bench import SizeLimits, measure_specs
+from costmodel.measure.freshness import (
     check_freshness, check_policy, check_tolerance, is_stale, pick_references, refresh_entry, refresh_scale,
     regime_of, regime_scales, remeasured_ratios,
     FreshnessReport,
 )
-from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
-from costmodel.runtime import Runtime
-from costmodel.timing import TimingConfig
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.histogram import HistogramSpec
+from costmodel.families.sort import SortSpec
+from costmodel.measure.runtime import Runtime
+from costmodel.measure.timing import TimingConfig
 from sim.calibration import calibrated_model
 
 TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1)
@@ -204,7 +206,7 @@ def test_a_refresh_scales_older_rows_only_in_the_latency_regimes_it_re_measured(
 
 
 def test_busy_reason_names_other_processes_and_wild_ratios():
-    from costmodel.freshness import BUSY_OTHER_CORES, BUSY_RATIO, busy_reason
+    from costmodel.measure.freshness import BUSY_OTHER_CORES, BUSY_RATIO, busy_reason
 
     assert busy_reason({"gemm": 1.3, "sort": 0.8}, 0.1) == ""
     assert busy_reason({"gemm": 1.3}, None) == ""  # nothing known of other processes: the ratios decide
@@ -215,7 +217,7 @@ def test_busy_reason_names_other_processes_and_wild_ratios():
 
 
 def test_other_cpu_cores_subtracts_this_process():
-    from costmodel.freshness import other_cpu_cores
+    from costmodel.measure.freshness import other_cpu_cores
 
     assert other_cpu_cores((100.0, 10.0), (104.0, 11.0), 2.0) == pytest.approx(1.5)  # 4 s busy, 1 s ours, over 2 s
     assert other_cpu_cores(None, (1.0, 1.0), 1.0) is None and other_cpu_cores((1.0, 1.0), (1.0, 1.0), 0.0) is None
@@ -227,7 +229,7 @@ def test_a_refresh_under_a_cpu_hog_is_refused_and_records_nothing(tmp_path):
     import subprocess
     import sys
 
-    from costmodel.freshness import cpu_seconds
+    from costmodel.measure.freshness import cpu_seconds
 
     if cpu_seconds() is None:
         pytest.skip("needs /proc/stat")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.indices import (
+from costmodel.families.indices import (
     counts_cv, exponent_for_cv, index_for_cv, index_for_share, min_cv_for_share, zipf_index, zipf_probabilities,
 )
 

@@ -6,10 +6,17 @@ import math
 
 import pytest
 
-from costmodel.kernels import (
-    ElementwiseSpec, GatherSpec, GemmSpec, GroupedGemmSpec, HistogramSpec, ScatterSpec, SoftmaxSpec, SortSpec,
-    SpmmSpec, TopkSpec, families, from_record,
-)
+from costmodel.families.descriptor import families, from_record
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.gather import GatherSpec
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.grouped_gemm import GroupedGemmSpec
+from costmodel.families.histogram import HistogramSpec
+from costmodel.families.scatter import ScatterSpec
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.sort import SortSpec
+from costmodel.families.spmm import SpmmSpec
+from costmodel.families.topk import TopkSpec
 
 
 def test_gemm_flops_bytes_intensity():

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from costmodel import launchers
+from costmodel.cli import launchers
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = str(ROOT / "conf")
@@ -144,7 +144,7 @@ def _callback_outcome(caplog, *overrides: str) -> tuple[int | None, list[str]]:
     """(exit status or None when the sweep may start, error lines logged) of the sweep callback."""
     import logging
 
-    from costmodel.sweep_check import ValidateSweep
+    from costmodel.cli.sweep_check import ValidateSweep
 
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = _sweep(*overrides)
@@ -205,14 +205,14 @@ def test_a_parallel_bench_sweep_is_refused_before_any_job(caplog, tmp_path):
 
     from hydra.core.global_hydra import GlobalHydra
 
-    from costmodel.sweep_check import ValidateSweep
+    from costmodel.cli.sweep_check import ValidateSweep
 
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = GlobalHydra.instance().hydra.compose_config(
             "bench", ["suite=quick", "bench.families=[sort],[gemm]", "hydra/launcher=submitit_local",
                       f"profile.root={tmp_path}"], run_mode=RunMode.MULTIRUN, with_log_configuration=False)
         with caplog.at_level(logging.ERROR), pytest.raises(SystemExit) as stop:
-            ValidateSweep("costmodel.bench_command.validate").on_multirun_start(cfg)
+            ValidateSweep("costmodel.cli.bench_command.validate").on_multirun_start(cfg)
     assert stop.value.code == 2
     assert caplog.messages == [
         "error: 2 of 2 jobs of this sweep measure on this machine (bench.families=[sort]; bench.families=[gemm]), and "

@@ -14,18 +14,18 @@ import pandas as pd
 import pytest
 import torch
 
-from costmodel.device import fingerprint
-from costmodel.locks import LockBusyError, MeasureLockConfig, measuring
-from costmodel.profile import DeviceProfile
-from costmodel.runtime import Runtime
+from costmodel.measure.device import fingerprint
+from costmodel.measure.runtime import Runtime
+from costmodel.store.locks import LockBusyError, MeasureLockConfig, measuring
+from costmodel.store.profile import DeviceProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from costmodel.kernels import SortSpec
-    from costmodel.profile import DeviceProfile
+    from costmodel.families.sort import SortSpec
+    from costmodel.store.profile import DeviceProfile
 
     folder, go, first, last, name = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     profile = DeviceProfile.load(folder)
@@ -43,7 +43,7 @@ WRITER = textwrap.dedent("""
 
 HOLDER = textwrap.dedent("""
     import sys
-    from costmodel.locks import MeasureLockConfig, measuring
+    from costmodel.store.locks import MeasureLockConfig, measuring
 
     with measuring("bench suite=holder-test", MeasureLockConfig(path=sys.argv[1])):
         print("held", flush=True)

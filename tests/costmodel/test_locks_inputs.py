@@ -8,9 +8,9 @@ import logging
 
 import pytest
 
-import costmodel.locks as locks
-from costmodel.locks import MeasureLockConfig, measuring
-from costmodel.runtime import Runtime
+import costmodel.store.locks as locks
+from costmodel.measure.runtime import Runtime
+from costmodel.store.locks import MeasureLockConfig, measuring
 
 
 def _cfg(path):

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from costmodel import model_cache
-from costmodel.allocator import configure_allocator
-from costmodel.device import fingerprint
-from costmodel.kernels import GemmSpec
-from costmodel.model_cache import ModelCacheWarning
-from costmodel.predictor import MODEL_VERSION, CostModel
-from costmodel.profile import DeviceProfile
+from costmodel.families.gemm import GemmSpec
+from costmodel.measure.allocator import configure_allocator
+from costmodel.measure.device import fingerprint
+from costmodel.model.predictor import CostModel, MODEL_VERSION
+from costmodel.store import model_cache
+from costmodel.store.model_cache import ModelCacheWarning
+from costmodel.store.profile import DeviceProfile
 
 
 
@@ -86,8 +86,8 @@ def test_planting_works_as_an_attack(tmp_path):
 
 
 def test_no_loading_path_unpickles_a_profile_folders_models(make_profile, tmp_path):
-    from costmodel import fleet
-    from costmodel.runtime import Runtime
+    from costmodel.cli import fleet
+    from costmodel.measure.runtime import Runtime
     from sim.api import load_cost_model, load_stored_cost_model
     from sim.calibration import fitted_model
     from sim.placement import Device
@@ -179,7 +179,7 @@ def test_a_cache_hit_avoids_the_refit(make_profile, tmp_path, monkeypatch):
 
 
 def test_predicting_from_a_read_only_profile_writes_nothing_into_it(make_profile, tmp_path):
-    from costmodel.runtime import Runtime
+    from costmodel.measure.runtime import Runtime
     from sim.api import load_stored_cost_model
     from sim.calibration import fitted_model
 

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 from sklearn.base import clone
 
-from costmodel.features import kernel_table, roofline_time_s
-from costmodel.kernels import GatherSpec, GemmSpec
-from costmodel.models import ExtrapolationWarning, FamilyAchievedRate, FittedCostModel, FlopsOverPeak, Roofline
+from costmodel.families.gather import GatherSpec
+from costmodel.families.gemm import GemmSpec
+from costmodel.model.features import kernel_table, roofline_time_s
+from costmodel.model.models import ExtrapolationWarning, FamilyAchievedRate, FittedCostModel, FlopsOverPeak, Roofline
 
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0,
         "parallel_units": 2, "device_kind": "cpu"}
@@ -95,8 +96,8 @@ def test_prediction_is_vectorised_and_fast_enough_to_matter():
 
 
 def test_grouped_features_handle_ragged_expert_counts_and_padding():
-    from costmodel.features import family_features, kernel_table
-    from costmodel.kernels import GroupedGemmSpec
+    from costmodel.model.features import family_features, kernel_table
+    from costmodel.families.grouped_gemm import GroupedGemmSpec
 
     specs = [GroupedGemmSpec((4, 0, 2, 2), 8, 8, impl="grouped_mm"), GroupedGemmSpec((6, 2), 8, 8, impl="padded_bmm")]
     f = family_features(kernel_table(specs), "grouped_gemm", CEIL)

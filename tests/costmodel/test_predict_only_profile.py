@@ -12,11 +12,11 @@ import joblib
 import pytest
 import torch
 
-import costmodel.profile as profile_module
-from costmodel.allocator import configure_allocator
-from costmodel.device import fingerprint
-from costmodel.profile import DeviceProfile
-from costmodel.runtime import Runtime
+import costmodel.store.profile as profile_module
+from costmodel.measure.allocator import configure_allocator
+from costmodel.measure.device import fingerprint
+from costmodel.measure.runtime import Runtime
+from costmodel.store.profile import DeviceProfile
 
 
 def _snapshot(folder) -> dict[str, tuple[int, int, str]]:

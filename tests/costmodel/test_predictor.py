@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from costmodel.device import ProfileMismatchError, fingerprint
-from costmodel.features import kernel_table
-from costmodel.kernels import GemmSpec, GroupedGemmSpec, SortSpec
-from costmodel import predictor
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile, ProfileError
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.grouped_gemm import GroupedGemmSpec
+from costmodel.families.sort import SortSpec
+from costmodel.measure.device import ProfileMismatchError, fingerprint
+from costmodel.model import predictor
+from costmodel.model.features import kernel_table
+from costmodel.model.predictor import CostModel
+from costmodel.store.profile import DeviceProfile, ProfileError
 
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
 

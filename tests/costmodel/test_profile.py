@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from costmodel.device import ProfileMismatchError, fingerprint
-from costmodel.kernels import SortSpec
-from costmodel.profile import DeviceProfile, ProfileError
+from costmodel.families.sort import SortSpec
+from costmodel.measure.device import ProfileMismatchError, fingerprint
+from costmodel.store.profile import DeviceProfile, ProfileError
 
 SIZES = {"a": 4, "b": 8, "c": 16}
 
@@ -108,7 +108,7 @@ def test_unwritable_profile_folder_is_a_clear_error(profile, monkeypatch):
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(profile.path))
 
-    monkeypatch.setattr("costmodel.profile.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("costmodel.store.profile.tempfile.mkstemp", refuse)
     with pytest.raises(ProfileError, match=r"cannot measure here: profile folder .* is not writable \(Permission denied"):
         profile.require_writable("measure here")
 
@@ -169,7 +169,7 @@ def test_ceilings_written_first_are_kept_unless_replaced(profile):
 
 UPDATER = """
 import sys, time
-from costmodel.profile import DeviceProfile
+from costmodel.store.profile import DeviceProfile
 profile = DeviceProfile.load(sys.argv[1])  # the folder itself: its fingerprint is the test's, whatever this process's
 def bump(c):
     time.sleep(0.01)  # widen the window between read and write

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from costmodel.device import fingerprint
-from costmodel.kernels import GemmSpec
-from costmodel.profile import DeviceProfile, ProfileError
-from costmodel.profile_rows import read_rows
+from costmodel.families.gemm import GemmSpec
+from costmodel.measure.device import fingerprint
+from costmodel.store.profile import DeviceProfile, ProfileError
+from costmodel.store.profile_rows import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = sorted((ROOT / "profiles").glob("*/measurements.csv"))
@@ -130,7 +130,7 @@ def test_committed_profiles_load_whole_and_unchanged(file):
 def test_spmm_rows_from_before_the_column_fields_load_beside_new_ones(tmp_path):
     """A row measured before SpmmSpec had src_cv/src_read_share (no such columns) keeps its key
     and means uniform columns; a row with them is a different kernel; both load."""
-    from costmodel.kernels import SpmmSpec
+    from costmodel.families.spmm import SpmmSpec
 
     def row(spec):
         return {**_row(1), "key": spec.key(), **spec.to_record(), "flops": spec.flops(), "bytes_moved": spec.bytes_moved()}

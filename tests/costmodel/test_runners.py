@@ -5,12 +5,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel import ops, runners
-from costmodel.kernels import (
-    ElementwiseSpec, GatherSpec, GemmSpec, GroupedGemmSpec, HistogramSpec, ScatterSpec, SoftmaxSpec, SortSpec, SpmmSpec,
-    TopkSpec,
-)
-from costmodel.ops import scatter_backends_available
+import costmodel.families.gemm as gemm_family
+import costmodel.families.grouped_gemm as grouped_gemm_family
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.gather import GatherSpec
+from costmodel.families.gemm import GemmSpec, gemm
+from costmodel.families.grouped_gemm import GroupedGemmSpec, grouped_mm
+from costmodel.families.histogram import HistogramSpec
+from costmodel.families.scatter import ScatterSpec, scatter, scatter_backends_available
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.sort import SortSpec
+from costmodel.families.spmm import SpmmSpec
+from costmodel.families.topk import TopkSpec
+from costmodel.measure import runners
 
 SPECS = [
     GemmSpec(3, 8, 16), GroupedGemmSpec((3, 0, 5), 8, 16, "padded_bmm"), GroupedGemmSpec((3, 0, 5), 8, 16, "grouped_mm"),
@@ -38,13 +45,13 @@ def test_every_family_runs(spec, cold):
 
 def test_cold_runner_reads_different_operands_each_call(monkeypatch):
     seen: list[tuple[int, int]] = []
-    real = ops.gemm
+    real = gemm
 
     def spy(a, b):
         seen.append((a.data_ptr(), b.data_ptr()))
         return real(a, b)
 
-    monkeypatch.setattr(ops, "gemm", spy)
+    monkeypatch.setattr(gemm_family, "gemm", spy)  # the runner calls the family's torch call
     cold, warm = runners.make_runner(GemmSpec(4, 64, 64), cold=True), runners.make_runner(GemmSpec(4, 64, 64))
     for _ in range(10):
         cold()
@@ -58,13 +65,13 @@ def test_cold_runner_reads_different_operands_each_call(monkeypatch):
 @pytest.mark.parametrize("layout, a_t, b_t", [("nt", False, True), ("tn", True, False), (None, False, False)])
 def test_runners_call_in_the_layout_and_rotate_it_cold(monkeypatch, layout, a_t, b_t):
     seen: list[tuple[bool, bool, int]] = []
-    real = ops.gemm
+    real = gemm
 
     def spy(a, b):
         seen.append((not a.is_contiguous(), not b.is_contiguous(), b.data_ptr()))
         return real(a, b)
 
-    monkeypatch.setattr(ops, "gemm", spy)
+    monkeypatch.setattr(gemm_family, "gemm", spy)  # the runner calls the family's torch call
     cold = runners.make_runner(GemmSpec(4, 64, 32, layout=layout), cold=True)
     for _ in range(5):
         assert tuple(cold().shape) == (4, 32)
@@ -87,8 +94,8 @@ def test_gemm_output_has_the_descriptor_shape():
 
 def test_index_put_and_index_add_sum_the_same_rows():
     src, index = torch.randn(6, 3), torch.tensor([0, 2, 2, 4, 0, 0])
-    put = ops.scatter(src, index, 5, reduce="sum", backend="index_put")
-    add = ops.scatter(src, index, 5, reduce="sum", backend="index_add")
+    put = scatter(src, index, 5, reduce="sum", backend="index_put")
+    add = scatter(src, index, 5, reduce="sum", backend="index_add")
     assert torch.allclose(put, add) and put[1].abs().sum() == 0
 
 
@@ -102,8 +109,8 @@ def test_grouped_mm_reads_a_prefix_of_its_weights_only_when_experts_are_empty():
 
 def test_grouped_mm_runner_puts_the_non_empty_groups_first(monkeypatch):
     seen = []
-    real = ops.grouped_mm
-    monkeypatch.setattr(ops, "grouped_mm", lambda x, w, offs: seen.append(offs.tolist()) or real(x, w, offs))
+    real = grouped_mm
+    monkeypatch.setattr(grouped_gemm_family, "grouped_mm", lambda x, w, offs: seen.append(offs.tolist()) or real(x, w, offs))
     out = runners.make_runner(GroupedGemmSpec((0, 3, 0, 5), 8, 16, "grouped_mm"))()
     assert seen == [[3, 8, 8, 8]] and tuple(out.shape) == (8, 16)  # groups 3, 5, 0, 0: the same work
 

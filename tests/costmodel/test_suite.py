@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 from omegaconf import OmegaConf
 
-from costmodel.kernels import families
-from costmodel.ops import scatter_backends_available
-from costmodel.suite import capped_power_law_counts, equal_flops_trio, expand_suite, power_law_counts
+from costmodel.families.descriptor import families
+from costmodel.families.scatter import scatter_backends_available
+from costmodel.measure.suite import capped_power_law_counts, equal_flops_trio, expand_suite, power_law_counts
 
 
 def _suite(name):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from costmodel.timing import Measurement, TimingConfig, measure
+from costmodel.measure.timing import Measurement, TimingConfig, measure
 
 
 def test_measurement_statistics_are_exact():
@@ -87,7 +87,7 @@ def test_layer_calls_are_split_over_rounds_and_honoured():
 def test_evict_caches_writes_a_buffer_of_the_configured_size():
     import torch
 
-    from costmodel import timing
+    from costmodel.measure import timing
 
     timing.evict_caches(torch.device("cpu"), TimingConfig(cpu_evict_bytes=1 << 20))
     buf = timing._EVICT_BUFFERS[("cpu", 1 << 20)]

@@ -127,7 +127,7 @@ def test_predict_only_measures_nothing_and_keeps_the_summary_schema(name, shared
 
 
 def test_predict_only_needs_an_existing_profile(tmp_path):
-    from costmodel.profile import ProfileError
+    from costmodel.store.profile import ProfileError
 
     cfg = _cfg("moe_skew", tmp_path / "empty", "measure=false")
     with pytest.raises(ProfileError, match="measure=false predicts from an existing profile and measures nothing"):
@@ -289,7 +289,7 @@ def test_summary_gives_the_noise_floor_of_the_maximum():
 def test_beyond_noise_counts_only_points_with_a_noise_estimate():
     import numpy as np
 
-    from costmodel.evaluation import beyond_noise
+    from costmodel.model.evaluation import beyond_noise
 
     out = beyond_noise(np.array([0.05, -0.25, 0.5, 0.1]), np.array([0.1, 0.1, 0.0, float("nan")]))
     assert out == {"share_beyond_2_sigma": 0.5, "points": 2, "perfect_model_share": 0.0455}  # |-0.25| > 0.2

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.kernels import GemmSpec
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile
+from costmodel.families.gemm import GemmSpec
+from costmodel.model.predictor import CostModel
+from costmodel.store.profile import DeviceProfile
 from experiments import moe_design
 from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
 from sim.routing import ZipfRouting, route
@@ -172,7 +172,7 @@ def test_decision_scores_with_nothing_separable_are_null():
 def test_coverage_says_when_the_grid_leaves_the_profile(model):
     inside = model.levels["L3"].coverage(pd.DataFrame(DeviceProfile.load(PROFILE).kernels()))
     assert all(f["in_range_pct"] == 100 for f in inside.values())
-    from costmodel.features import kernel_table
+    from costmodel.model.features import kernel_table
 
     far = kernel_table([GemmSpec(1 << 20, 4096, 4096), GemmSpec(64, 256, 256)])
     report = moe_design.coverage_summary(model, far, 10)
@@ -182,7 +182,7 @@ def test_coverage_says_when_the_grid_leaves_the_profile(model):
 
 
 def test_grid_sample_spreads_over_each_family_and_respects_the_limits():
-    from costmodel.kernels import SortSpec
+    from costmodel.families.sort import SortSpec
     from sim.calibration import grid_sample_suite
 
     gemms = [GemmSpec(m, 64, 64) for m in range(1, 101)]  # predicted time grows with m

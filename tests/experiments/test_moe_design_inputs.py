@@ -12,7 +12,7 @@ import pytest
 from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
-from costmodel.sweep_check import ValidateSweep, check_jobs
+from costmodel.cli.sweep_check import ValidateSweep, check_jobs
 from experiments import moe_design
 from experiments.common import validate_experiment
 from tests.experiments.test_validation import _multirun_config

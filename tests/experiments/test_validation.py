@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
 import sim.memory as memory
-from costmodel.sweep_check import check_jobs, job_overrides
+from costmodel.cli.sweep_check import check_jobs, job_overrides
 from experiments.common import validate_experiment
 from tests.experiments.test_experiments import CONF, EXPERIMENTS, _cfg
 

@@ -79,7 +79,7 @@ def test_defaults_tiny_and_module_subsets(bench, profiles):
 
 
 def test_runtime_config_is_base_yaml_with_the_options(bench, profiles):
-    from costmodel.runtime import check_cfg
+    from costmodel.measure.runtime import check_cfg
 
     tiny = bench.runtime_cfg(bench.parse_args(["--tiny", "--device", "cpu", "--profile-root", str(profiles)]))
     assert tiny["timing"]["rounds"] == 1 and tiny["timing"]["extra_rounds"] == 0

@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from costmodel.runtime import Runtime
+from costmodel.measure.runtime import Runtime
 
 
 @pytest.fixture

@@ -78,8 +78,9 @@ def test_load_cost_model_checks_every_argument_before_setting_anything(kwargs, m
 def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path):
     """refresh="auto": a profile made 3x slow is caught per family, the given kernels are
     re-measured and the models refitted; refresh="never" (the default) measures nothing."""
-    from costmodel.kernels import GemmSpec, SortSpec
-    from costmodel.runtime import Runtime
+    from costmodel.families.gemm import GemmSpec
+    from costmodel.families.sort import SortSpec
+    from costmodel.measure.runtime import Runtime
     from sim.calibration import calibrated_model
 
     suite = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096)]

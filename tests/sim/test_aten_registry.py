@@ -7,18 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from costmodel.kernels import (
-    ElementwiseSpec,
-    GatherSpec,
-    GemmSpec,
-    GroupedGemmSpec,
-    HistogramSpec,
-    ScatterSpec,
-    SoftmaxSpec,
-    SortSpec,
-    SpmmSpec,
-    TopkSpec,
-)
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.gather import GatherSpec
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.grouped_gemm import GroupedGemmSpec
+from costmodel.families.histogram import HistogramSpec
+from costmodel.families.scatter import ScatterSpec
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.sort import SortSpec
+from costmodel.families.spmm import SpmmSpec
+from costmodel.families.topk import TopkSpec
 from sim.aten_registry import index_stats, registry_table
 from sim.capture import capture_trace
 

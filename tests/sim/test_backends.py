@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from costmodel.kernels import GemmSpec
+from costmodel.families.gemm import GemmSpec
 from sim.backends import GNN_BACKENDS, MOE_BACKENDS, BackendRegistry, gnn_backend, moe_backend
 from sim.backends.gnn import ScatterAggregation
 from sim.backends.moe import LoopExperts

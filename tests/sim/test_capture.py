@@ -9,10 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from costmodel.device import fingerprint
-from costmodel.kernels import ElementwiseSpec, GatherSpec, GemmSpec, ScatterSpec, SoftmaxSpec, SpmmSpec
-from costmodel.predictor import CostModel
-from costmodel.profile import DeviceProfile
+from costmodel.families.elementwise import ElementwiseSpec
+from costmodel.families.gather import GatherSpec
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.scatter import ScatterSpec
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.spmm import SpmmSpec
+from costmodel.measure.device import fingerprint
+from costmodel.model.predictor import CostModel
+from costmodel.store.profile import DeviceProfile
 from sim.api import measure_module_latency, predict_captured, predict_module_latency
 from sim.capture import CaptureError, capture_trace
 from sim.gnn_layer import GNNConfig, GNNLayer, gnn_trace

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from costmodel.kernels import SpmmSpec
+from costmodel.families.spmm import SpmmSpec
 from sim.api import capture_module, measure_module_latency, predict_module_latency
 from sim.capture import capture_trace
 from tests.sim.test_capture import _model

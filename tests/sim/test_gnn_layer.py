@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from costmodel.ops import SCOPE_PREFIX, scatter_backends_available
+from costmodel.families.scatter import scatter_backends_available
+from costmodel.measure.scope import SCOPE_PREFIX
 from sim.gnn_layer import GNN_BACKENDS, GNNConfig, GNNLayer, GraphPlan, gnn_trace
 from sim.graphs import rmat
 
@@ -91,7 +92,7 @@ def test_bad_graph_is_refused_before_running():
 
 
 def test_gnn_suite_calibrates_sparse_matmuls_on_the_shares_real_graphs_read():
-    from costmodel.indices import min_cv_for_share
+    from costmodel.families.indices import min_cv_for_share
     from sim.calibration import gnn_suite
 
     cfg = GNNConfig(num_nodes=500, in_features=8, out_features=8, backend="sparse_csr")

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from costmodel.kernels import GemmSpec, SoftmaxSpec, SortSpec, TopkSpec
-from costmodel.timing import TimingConfig
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.sort import SortSpec
+from costmodel.families.topk import TopkSpec
+from costmodel.measure.timing import TimingConfig
 from experiments.workloads import Workload, evaluate_workloads
 from sim.calibration import calibrated_model
 from sim.heldout import (
@@ -55,7 +58,7 @@ def test_a_profile_too_small_to_hold_out_names_the_family_and_its_rows(rt, calib
 
 
 def test_paired_refresh_records_are_ignored_by_the_heldout_table(rt, calibrated):
-    from costmodel.freshness import REFRESH_COMMAND
+    from costmodel.measure.freshness import REFRESH_COMMAND
 
     profile = rt.open_profile()
     profile.add_provenance({"command": REFRESH_COMMAND, "refresh": {

@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costmodel.kernels import GemmSpec, SortSpec
-from costmodel.timing import TimingConfig
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.sort import SortSpec
+from costmodel.measure.timing import TimingConfig
 from experiments.workloads import Workload, evaluate_workloads
 from sim import heldout_drift
 from sim.calibration import calibrated_model

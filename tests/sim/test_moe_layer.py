@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from costmodel.ops import SCOPE_PREFIX
+from costmodel.measure.scope import SCOPE_PREFIX
 from sim.moe_layer import MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, moe_trace
 from sim.routing import ZipfRouting, route
 

@@ -11,9 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
-from costmodel.bench import SizeLimits, measure_specs
-from costmodel.kernels import GemmSpec, SortSpec
-from costmodel.timing import Measurement, TimingConfig
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.sort import SortSpec
+from costmodel.measure.bench import SizeLimits, measure_specs
+from costmodel.measure.timing import Measurement, TimingConfig
 from experiments.common import calibration_options, paired_enabled
 from experiments.workloads import Pairing, Workload, evaluate_workloads
 from sim.calibration import calibrated_model

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from costmodel.device import fingerprint
-from costmodel.kernels import GemmSpec
-from costmodel.predictor import CostModel
+from costmodel.families.gemm import GemmSpec
+from costmodel.measure.device import fingerprint
+from costmodel.model.predictor import CostModel
 from sim.executor import devices_can_run_together, run_placements
 from sim.placement import Device, PlacementError, PlacementWorkload, cost_matrix, place, solve
 from sim.placement_workloads import GNNFactory, calibration_suite, gnn_workload, mlp_workload, moe_workload

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
-from costmodel.device import fingerprint
-from costmodel.predictor import CostModel
+from costmodel.measure.device import fingerprint
+from costmodel.model.predictor import CostModel
 from sim.placement import Device, PlacementWorkload, cost_matrix, place
 from sim.simulator import predict_trace
 

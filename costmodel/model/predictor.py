@@ -1,7 +1,7 @@
 """``CostModel``: fitted L0-L3 for one device profile, cached per user, never beside it.
 
 Fitting reads a profile's measurements (``fit_profile``). Fitted models are derived data:
-``load`` returns them from the user's model cache (``costmodel.model_cache``:
+``load`` returns them from the user's model cache (``costmodel.store.model_cache``:
 ``$MOEGNN_MODEL_CACHE``, else ``$XDG_CACHE_HOME/moe-gnn-sim/models``, else
 ``~/.cache/moe-gnn-sim/models``, a folder only this user can write), keyed by the profile's
 fingerprint id, its content hash, ``MODEL_VERSION`` and the scikit-learn version; on a miss
@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 import sklearn
 
-from costmodel import model_cache
-from costmodel.device import Fingerprint, ProfileMismatchError
-from costmodel.features import kernel_table
-from costmodel.kernels import KernelSpec
-from costmodel.model_cache import ModelCacheWarning
-from costmodel.models import make_levels
-from costmodel.profile import DeviceProfile, ProfileError
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.device import Fingerprint, ProfileMismatchError
+from costmodel.model.features import kernel_table
+from costmodel.model.models import make_levels
+from costmodel.store import model_cache
+from costmodel.store.model_cache import ModelCacheWarning
+from costmodel.store.profile import DeviceProfile, ProfileError
 
 LEVELS = ("L0", "L1", "L2", "L3")
 #: what older versions of this code saved beside a profile: never loaded, only named in a warning
@@ -87,7 +87,7 @@ class CostModel:
     levels: dict[str, Any]
     profile_hash: str
     meta: dict[str, Any] = field(default_factory=dict)
-    #: what the freshness check of this run saw and did (``costmodel.freshness``); not persisted
+    #: what the freshness check of this run saw and did (``costmodel.measure.freshness``); not persisted
     freshness: dict[str, Any] = field(default_factory=dict)
     #: the profile's measured kernels (key -> median seconds, refresh-scaled) as fitted, cached
     #: with the models: L3 of a measured kernel is its measurement

@@ -17,8 +17,8 @@ import os
 import sys
 from typing import Any, Callable, TypeVar
 
-from costmodel.device import ProfileMismatchError
-from costmodel.profile import ProfileError
+from costmodel.measure.device import ProfileMismatchError
+from costmodel.store.profile import ProfileError
 
 #: the exceptions validation raises for bad input (anything else is a bug: full traceback)
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, ProfileError, ProfileMismatchError)

@@ -7,7 +7,7 @@ already holds (resume, no duplicates), skips shapes too large for the device wit
 in ``skipped.csv`` (never a crash), flushes rows to disk atomically every few seconds
 and on interruption (nothing measured is lost; ``MeasureInterrupted`` then says what was
 kept and how to resume), and shows progress. Callers hold the machine's measuring lock
-(``costmodel.locks.measuring``) around it.
+(``costmodel.store.locks.measuring``) around it.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from costmodel.kernels import KernelSpec
-from costmodel.profile import DeviceProfile
-from costmodel.runners import make_runner
-from costmodel.timing import TimingConfig, measure
+from costmodel.families.descriptor import KernelSpec
+from costmodel.measure.runners import make_runner
+from costmodel.measure.timing import TimingConfig, measure
+from costmodel.store.profile import DeviceProfile
 
 FLUSH_EVERY_S = 2.0
 

@@ -31,7 +31,7 @@ from scipy.stats import spearmanr
 from sklearn.base import BaseEstimator, clone
 from sklearn.model_selection import GroupShuffleSplit
 
-from costmodel.models import ExtrapolationWarning, ape_pct, kernel_work, shape_groups
+from costmodel.model.models import ExtrapolationWarning, ape_pct, kernel_work, shape_groups
 
 MIN_TEST_GROUPS = 4  # a family with fewer shape groups gets no held-out score
 

@@ -16,7 +16,7 @@ A profile is a folder per device fingerprint under a root (config ``profile.root
         .lock               taken by writers (empty when nobody writes)
 
 Concurrent and interrupted writers. Every change is a read-merge-write under an exclusive
-``flock`` on ``.lock`` (``costmodel.locks.file_lock``): the writer re-reads the file inside
+``flock`` on ``.lock`` (``costmodel.store.locks.file_lock``): the writer re-reads the file inside
 the lock, merges on the primary key ((key, round) for measurements, key for skipped
 kernels; ceilings.json changes through ``update_ceilings``, one read-modify-write under
 the lock), and replaces the file atomically (temp file + ``os.replace``). So two processes
@@ -27,7 +27,7 @@ skipping (kernel, round) pairs already measured. The CSV stays the store because
 committed to git as evidence and read by people; SQLite would add little here (its own
 documentation warns that its locking is unreliable on many network file systems).
 
-Reading validates every row (``costmodel.profile_rows``): a row that fails (a file cut
+Reading validates every row (``costmodel.store.profile_rows``): a row that fails (a file cut
 mid-row, a number cut short, a value out of range, contradicting timing statistics, a
 descriptor that does not build) is left out with a warning naming file:line and why, so
 nothing is fitted on it and the next bench measures that (key, round) again. Reading never
@@ -50,11 +50,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 
-from costmodel.device import Fingerprint, ProfileMismatchError
-from costmodel.freshness import refresh_scale, refreshes
-from costmodel.kernels import KernelSpec, from_record
-from costmodel.locks import file_lock
-from costmodel.profile_rows import RejectedRow, RowFileError, read_rows
+from costmodel.families.descriptor import KernelSpec, from_record
+from costmodel.measure.device import Fingerprint, ProfileMismatchError
+from costmodel.measure.freshness import refresh_scale, refreshes
+from costmodel.store.locks import file_lock
+from costmodel.store.profile_rows import RejectedRow, RowFileError, read_rows
 
 log = logging.getLogger(__name__)
 

@@ -17,12 +17,12 @@ from typing import Any, Mapping
 import torch
 from hydra.utils import to_absolute_path
 
-from costmodel.allocator import ALLOCATOR_MODES, configure_allocator
-from costmodel.bench import SizeLimits
-from costmodel.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
-from costmodel.locks import MeasureLockConfig, measuring
-from costmodel.profile import DeviceProfile
-from costmodel.timing import TimingConfig
+from costmodel.measure.allocator import ALLOCATOR_MODES, configure_allocator
+from costmodel.measure.bench import SizeLimits
+from costmodel.measure.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
+from costmodel.measure.timing import TimingConfig
+from costmodel.store.locks import MeasureLockConfig, measuring
+from costmodel.store.profile import DeviceProfile
 
 
 def _abs(path: str) -> Path:

@@ -34,7 +34,7 @@ import pandas as pd
 
 from costmodel.families import family_of
 from costmodel.families.columns import column, log10
-from costmodel.kernels import KernelSpec, record_value
+from costmodel.families.descriptor import KernelSpec, record_value
 
 
 def kernel_table(specs: Iterable[KernelSpec]) -> pd.DataFrame:

@@ -9,10 +9,10 @@ A row is rejected when
 - a number is out of its range (``median_s`` > 0, ``round`` an integer >= 0, ``runs`` >= 1...);
 - its timing statistics contradict each other. Both come from the same per-block times,
   so two identities must hold: ``rel_iqr == iqr_s / median_s`` (its definition in
-  ``costmodel.timing.Measurement``), and ``median_s <= 2 * mean_s``, because at least half of
+  ``costmodel.measure.timing.Measurement``), and ``median_s <= 2 * mean_s``, because at least half of
   n positive samples are >= their median, so their sum is >= n/2 * median. A median cut
   from ``1.0418e-05`` to ``1.0418`` (or any digit lost) breaks one of them;
-- its descriptor fields do not build a descriptor (``costmodel.kernels.from_record``, which
+- its descriptor fields do not build a descriptor (``costmodel.families.descriptor.from_record``, which
   checks each family's own ranges), or build one whose key is not the row's ``key``;
 - an earlier row has the same (key, round): the last one is kept, as writers always did.
 
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from costmodel.families import registered
-from costmodel.kernels import from_record, optional_fields
+from costmodel.families.descriptor import from_record, optional_fields
 
 REQUIRED = ("key", "round", "family", "median_s")
 #: numeric columns of a measurement row: (lowest allowed, lowest is allowed itself, integer)
@@ -247,7 +247,7 @@ def _descriptor_problem(rec: dict[str, Any]) -> str | None:
         return f"family={family!r} is not a kernel family (known: {sorted(specs)})"
     optional = optional_fields(cls)
     for f in dataclasses.fields(cls):
-        if f.name in optional:  # may be absent or empty: unset (costmodel.kernels.OPTIONAL_TYPES)
+        if f.name in optional:  # may be absent or empty: unset (costmodel.families.descriptor.OPTIONAL_TYPES)
             continue
         if f.name not in rec:
             return f"family {family!r} needs column {f.name!r}, which the file lacks"

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from costmodel.kernels import DTYPE_BYTES
-from costmodel.profile import DeviceProfile
-from costmodel.timing import Measurement, TimingConfig, measure
+from costmodel.families.descriptor import DTYPE_BYTES
+from costmodel.measure.timing import Measurement, TimingConfig, measure
+from costmodel.store.profile import DeviceProfile
 
 COLD_CHAIN_OPS = 10
 

@@ -3,7 +3,7 @@
 A lab's profiles are one folder per device fingerprint, possibly written by many machines
 at once on a shared file system (every profile file is written atomically, so a reader
 sees complete files). Nothing is unpickled from the root: each profile's models come from
-this user's model cache (``costmodel.model_cache``), fitted from its measurements on a
+this user's model cache (``costmodel.store.model_cache``), fitted from its measurements on a
 miss, and nothing is written into the profiles. For each profile found under the root
 (any depth):
 
@@ -12,14 +12,14 @@ miss, and nothing is written into the profiles. For each profile found under the
   Patterson, "Roofline", CACM 2009);
 - per-family achieved efficiency: the median, over the profile's kernels of a family, of
   achieved FLOP/s / peak (bytes/s / bandwidth for kernels without arithmetic: gather,
-  sort, histogram, copies; ``costmodel.models.kernel_work``);
+  sort, histogram, copies; ``costmodel.model.models.kernel_work``);
 - the same reference workloads predicted on each device at L0 (FLOPs / peak) and L3 (the
   device's fitted model), with each level's ranking of the devices: where the two
   rankings differ, FLOPs would have bought the wrong device.
 
 Layering: this module is part of ``costmodel`` and imports nothing of ``sim`` (``sim``
 depends on ``costmodel``, never the reverse). The workloads are kernel traces
-(``costmodel.kernels`` descriptors) that the caller passes in as ``workloads_for(dtype)
+(``costmodel.families`` descriptors) that the caller passes in as ``workloads_for(dtype)
 -> {name: trace}``; the command line's are ``sim.reference.reference_workloads`` (the
 ``moe_skew`` default layer at three routing concentrations, the ``gnn_degree`` default
 layer, and a dense MLP), named in ``main`` only as the command's default.
@@ -58,13 +58,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from costmodel.console import literal, make_console  # noqa: E402
-from costmodel.device import Fingerprint  # noqa: E402
-from costmodel.kernels import FLOAT_DTYPES, KernelSpec  # noqa: E402
-from costmodel.models import ExtrapolationWarning, counted_in_bytes, kernel_work  # noqa: E402
-from costmodel.model_cache import ModelCacheWarning  # noqa: E402
-from costmodel.predictor import MIN_ROWS_TO_FIT, CostModel  # noqa: E402
-from costmodel.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
+from costmodel.cli.console import literal, make_console  # noqa: E402
+from costmodel.measure.device import Fingerprint  # noqa: E402
+from costmodel.families.descriptor import FLOAT_DTYPES, KernelSpec  # noqa: E402
+from costmodel.model.models import ExtrapolationWarning, counted_in_bytes, kernel_work  # noqa: E402
+from costmodel.store.model_cache import ModelCacheWarning  # noqa: E402
+from costmodel.model.predictor import MIN_ROWS_TO_FIT, CostModel  # noqa: E402
+from costmodel.store.profile import FINGERPRINT, DeviceProfile, ProfileError  # noqa: E402
 
 log = logging.getLogger(__name__)
 console = make_console(width=160)

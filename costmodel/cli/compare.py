@@ -18,7 +18,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from costmodel.profile import DeviceProfile
+from costmodel.store.profile import DeviceProfile
 
 
 def stability(a: pd.DataFrame, b: pd.DataFrame, *, slow_s: float = 1e-3) -> dict[str, Any]:

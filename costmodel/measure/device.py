@@ -19,8 +19,8 @@ from functools import lru_cache
 
 import torch
 
-from costmodel.allocator import allocator_mode
-from costmodel.kernels import FLOAT_DTYPES
+from costmodel.families.descriptor import FLOAT_DTYPES
+from costmodel.measure.allocator import allocator_mode
 
 DEVICE_KINDS = ("cpu", "cuda", "auto")
 
@@ -91,15 +91,6 @@ def _driver_version() -> str:
         return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
         return "unknown"
-
-
-def torch_scatter_version() -> str | None:
-    """Installed torch-scatter version, or None (it is an optional backend)."""
-    try:
-        import torch_scatter  # noqa: F401
-    except Exception:  # ImportError, or an ABI mismatch with the installed torch
-        return None
-    return str(getattr(torch_scatter, "__version__", "unknown"))
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Writes into the run's output dir: ``fit_report.json`` ({family: {level: metrics}} for the
 held-out split, the same under "extrapolation"), ``roofline.png``; caches the fitted models
-in this user's model cache (``costmodel.model_cache``), never in the profile folder, so a
+in this user's model cache (``costmodel.store.model_cache``), never in the profile folder, so a
 read-only or shared profile can be fitted.
 """
 
@@ -15,15 +15,15 @@ from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from costmodel.console import make_console
+from costmodel.cli.console import make_console
 from rich.table import Table
 
-from costmodel.evaluation import evaluate_split, extrapolation_split, heldout_split
-from costmodel.models import make_levels
-from costmodel.plots import roofline_plot
-from costmodel.predictor import LEVELS, CostModel, training_table
-from costmodel.profile import DeviceProfile
-from costmodel.runtime import Runtime
+from costmodel.cli.plots import roofline_plot
+from costmodel.measure.runtime import Runtime
+from costmodel.model.evaluation import evaluate_split, extrapolation_split, heldout_split
+from costmodel.model.models import make_levels
+from costmodel.model.predictor import CostModel, LEVELS, training_table
+from costmodel.store.profile import DeviceProfile
 
 console = make_console(width=140)
 

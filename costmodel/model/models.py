@@ -1,6 +1,6 @@
 """Cost models L0-L3: kernel table -> predicted seconds, as scikit-learn estimators.
 
-Each model takes a kernel table (``costmodel.features.kernel_table``; a profile's
+Each model takes a kernel table (``costmodel.model.features.kernel_table``; a profile's
 measurements are one) as X and latency in seconds as y. Constructors only store their
 keyword-only parameters, ``fit`` returns self, fitted attributes end in ``_``, so the
 models compose with ``Pipeline``, ``cross_validate`` and grid search.
@@ -11,7 +11,7 @@ models compose with ``Pipeline``, ``cross_validate`` and grid search.
 - L2 ``Roofline``: max(FLOPs/peak, bytes/bandwidth) + per-call overhead, with measured
   ceilings (Williams, Waterman & Patterson, CACM 2009).
 - L3 ``FittedCostModel``: per family, a regression of log10(measured / roofline) on the
-  features of ``costmodel.features``. Learning the log residual over the roofline keeps
+  features of ``costmodel.model.features``. Learning the log residual over the roofline keeps
   extrapolation sane (far outside the data the prediction falls back to the roofline
   scaled by a bounded efficiency, never a runaway polynomial), and errors are relative,
   like the APE we report; the learned log-efficiency is also clipped to the range seen in
@@ -38,8 +38,8 @@ from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
-from costmodel.features import RANGE_FEATURES, family_features, roofline_time_s
-from costmodel.kernels import families
+from costmodel.families.descriptor import families
+from costmodel.model.features import RANGE_FEATURES, family_features, roofline_time_s
 
 MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median efficiency
 #: L3's log10 efficiency is clipped to the training range widened by this much (x1.26):

@@ -9,14 +9,14 @@ each job's config with the same config loader the sweeper uses, and calls the va
 on it: a function named by dotted path that builds configs and generators but measures
 nothing and changes no process state (``python -m sim``: the experiment module's
 ``validate(cfg)`` via ``experiments.common.validate_experiment``; ``python -m costmodel
-bench``: ``costmodel.bench_command.validate``). Registered under ``hydra.callbacks`` in
+bench``: ``costmodel.cli.bench_command.validate``). Registered under ``hydra.callbacks`` in
 conf/config.yaml and conf/bench.yaml.
 
 Every invalid job is reported, one line each, naming the job's overrides and the error;
 then the run stops with exit status 2 before any job started (``HYDRA_FULL_ERROR=1``
 raises the first error with its traceback instead). Under a launcher that runs several
 jobs at once on this machine (joblib with n_jobs other than 1, submitit_local), a sweep
-with any job that measures (``costmodel.launchers.job_measures``) is refused the same way,
+with any job that measures (``costmodel.cli.launchers.job_measures``) is refused the same way,
 in one paragraph naming the ways out (measure=false, the serial basic launcher, one job
 per Slurm node). A sweep this callback cannot expand
 (a sweeper with interval or other non-discrete sweeps) is left to the sweeper, with a note.
@@ -30,7 +30,7 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from costmodel.cli_errors import USER_ERRORS, exit_for_user_error, full_error_wanted, one_line
+from costmodel.cli.errors import USER_ERRORS, exit_for_user_error, full_error_wanted, one_line
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,10 @@ class ValidateSweep(Callback):
 
     ``validator`` is the dotted path of a function taking one job's composed config;
     ``measures`` of one saying whether that job times anything on this machine
-    (``costmodel.launchers.job_measures`` unless given).
+    (``costmodel.cli.launchers.job_measures`` unless given).
     """
 
-    def __init__(self, validator: str, measures: str = "costmodel.launchers.job_measures") -> None:
+    def __init__(self, validator: str, measures: str = "costmodel.cli.launchers.job_measures") -> None:
         self.validator = validator
         self.measures = measures
 
@@ -99,7 +99,7 @@ class ValidateSweep(Callback):
         from hydra.errors import HydraException
         from hydra.utils import get_method
 
-        from costmodel.launchers import LauncherError, sweep_refusal
+        from costmodel.cli.launchers import LauncherError, sweep_refusal
 
         try:
             jobs = job_overrides(config)

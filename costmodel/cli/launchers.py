@@ -15,7 +15,7 @@ measures refuses to run under a launcher that runs several jobs at once on one m
 (joblib with ``n_jobs`` other than 1, submitit_local): two timing loops on shared cores time
 each other (the README measured one run 18x slower that way). A ``-m`` sweep with such a job
 is refused in the launching process before any job starts (``sweep_refusal``, called by the
-sweep callback ``costmodel.sweep_check.ValidateSweep`` with ``job_measures``); each job still
+sweep callback ``costmodel.cli.sweep_check.ValidateSweep`` with ``job_measures``); each job still
 checks again for itself (``refuse_parallel_measuring``).
 """
 
@@ -102,18 +102,11 @@ def refuse_parallel_measuring(what: str) -> None:
 
 
 def job_measures(cfg: Mapping[str, Any]) -> bool:
-    """Whether one job of a sweep (its composed config) times anything on this machine.
-
-    ``python -m costmodel bench`` (a config without an experiment ``name``) always does;
-    ``python -m sim``: as ``sim.__main__.measures`` says for ``experiments.<name>`` (its
-    ``MEASURES``: "always"; "optional" unless measure=false; "never"), which also refuses
-    measure=false on an experiment that always measures (a ``ValueError``)."""
-    name = cfg.get("name")
-    if name is None:
-        return True
-    from sim.__main__ import measures  # noqa: PLC0415 (sim sits above costmodel; only its sweeps get here)
-
-    return measures(importlib.import_module(f"experiments.{name}"), cfg)
+    """Whether one job of a ``python -m costmodel bench`` sweep (its composed config) times
+    anything on this machine: always. ``python -m sim`` sweeps pass their own rule
+    (``sim.__main__.job_measures``, in conf/config.yaml's ``validate_sweep`` callback): this
+    package sits below ``sim`` and never imports it."""
+    return True
 
 
 def sweep_refusal(launcher: Mapping[str, Any], measuring: Sequence[str], jobs: int) -> str | None:

@@ -50,9 +50,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from costmodel.kernels import from_record
-from costmodel.runners import make_runner
-from costmodel.timing import TimingConfig, measure
+from costmodel.families.descriptor import from_record
+from costmodel.measure.runners import make_runner
+from costmodel.measure.timing import TimingConfig, measure
 
 #: policies for ``calibration.refresh``
 POLICIES = ("never", "auto", "always")

@@ -9,15 +9,14 @@ from typing import Any
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
-from costmodel.console import make_console
+from costmodel.cli.console import make_console
 from rich.table import Table
 
-from costmodel.bench import MeasureInterrupted, measure_specs
-from costmodel.ceilings import device_memory_bytes, ensure_ceilings
-from costmodel.device import torch_scatter_version
-from costmodel.ops import scatter_backends_available
-from costmodel.runtime import Runtime, check_cfg, timing_config
-from costmodel.suite import expand_suite
+from costmodel.families.scatter import scatter_backends_available, torch_scatter_version
+from costmodel.measure.bench import MeasureInterrupted, measure_specs
+from costmodel.measure.ceilings import device_memory_bytes, ensure_ceilings
+from costmodel.measure.runtime import Runtime, check_cfg, timing_config
+from costmodel.measure.suite import expand_suite
 
 console = make_console()
 

@@ -20,8 +20,8 @@ from typing import Any, Iterable, Mapping
 from costmodel.families import family_of
 from costmodel.families.gemm import equal_flops_trio, trio_flops  # noqa: F401 (re-exported)
 from costmodel.families.grouped_gemm import capped_power_law_counts, power_law_counts  # noqa: F401 (re-exported)
+from costmodel.families.descriptor import KernelSpec, families
 from costmodel.families.registry import SuiteContext
-from costmodel.kernels import KernelSpec, families
 
 
 def expand_suite(

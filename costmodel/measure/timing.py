@@ -46,7 +46,7 @@ class TimingConfig:
     #: (CV, ddof=1), each re-timed with the kernels its prediction sums. In busy spells of the
     #: development VM layers' round CV reached 14-24% (results/cpu_epyc/stale_s1: the two worst
     #: points, 24% off, had round CV 17% and 14%); the median of n rounds errs by about
-    #: 1.25 CV / sqrt(n) (``costmodel.evaluation.measurement_sigma``), so 3 rounds at CV 15%
+    #: 1.25 CV / sqrt(n) (``costmodel.model.evaluation.measurement_sigma``), so 3 rounds at CV 15%
     #: leave ~11% of noise in the label and 7 rounds ~7%.
     extra_rounds: int = 0
     max_round_cv: float = 0.1
@@ -57,7 +57,7 @@ class TimingConfig:
     cuda_flush_bytes: int = 256 * 1024 * 1024  # larger than any current L2 (H200: 60 MiB)
     #: CPU layers (``measure(..., evict_cpu_cache=True)``): bytes written before every timed
     #: call; twice the development VM's effective LLC (64 MiB already streams from DRAM, see
-    #: ``costmodel.runners.ARENA_BYTES``)
+    #: ``costmodel.measure.runners.ARENA_BYTES``)
     cpu_evict_bytes: int = 128 * 1024 * 1024
     cpu_evict_max_calls: int = 40  # per-call timing with eviction: enough samples for a median
     #: CPU layers timed with eviction: at least this many calls over all rounds (split like
