@@ -36,6 +36,10 @@ def flag(values: pd.Series) -> np.ndarray:
     return values.astype(str).str.lower().isin(["true", "1"]).to_numpy(dtype=np.float64)
 
 
+#: the aggregation features whose training range is checked at prediction time
+AGGREGATION_RANGE_FEATURES = ("log_rows", "log_width", "log_table_rows", "index_cv")
+
+
 def aggregation_features(t: pd.DataFrame, rows: np.ndarray, table_rows: np.ndarray) -> dict[str, np.ndarray]:
     """Scatter volume rows*width*bytes, the table's bytes, width, rows per target and the
     index CV (skew): the features of gather, scatter and spmm."""

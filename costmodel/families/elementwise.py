@@ -288,4 +288,5 @@ _BACKWARD_POINTWISE = [getattr(aten, n) for n in ("threshold_backward", "silu_ba
 register(_BACKWARD_POINTWISE, family="elementwise", note=POINTWISE_NOTE)(_POINTWISE)
 
 
-register_family(ElementwiseSpec, suite=suite, build=build, features=features)
+register_family(ElementwiseSpec, suite=suite, build=build, features=features,
+                range_features=("log_numel",))

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, index_stats, prod, register, spec_dtype
-from costmodel.families.columns import aggregation_features, column, flag, onehot, optional_column
+from costmodel.families.columns import AGGREGATION_RANGE_FEATURES, aggregation_features, column, flag, onehot, optional_column
 from costmodel.families.descriptor import (
     FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_cv, check_optional_choice, check_positive,
 )
@@ -189,4 +189,5 @@ def _nll(call: OpCall) -> KernelSpec:
     return _gather_spec(target.clamp(min=0), 1, int(logp.shape[-1]), logp, "gather")
 
 
-register_family(GatherSpec, suite=suite, build=build, features=features)
+register_family(GatherSpec, suite=suite, build=build, features=features,
+                range_features=AGGREGATION_RANGE_FEATURES)

@@ -163,4 +163,5 @@ def _dot(call: OpCall) -> KernelSpec:
     return GemmSpec(1, int(a.numel()), 1, matmul_dtype(a, GemmSpec.allowed_dtypes))
 
 
-register_family(GemmSpec, suite=suite, build=build, features=features)
+register_family(GemmSpec, suite=suite, build=build, features=features,
+                range_features=("log_m", "log_k", "log_n"))

@@ -298,4 +298,5 @@ def _grouped(call: OpCall) -> KernelSpec:
                            matmul_dtype(x, GroupedGemmSpec.allowed_dtypes), matrix_layout(x, w))
 
 
-register_family(GroupedGemmSpec, suite=suite, build=build, features=features)
+register_family(GroupedGemmSpec, suite=suite, build=build, features=features,
+                range_features=("log_experts", "log_total_tokens", "log_k", "log_n"))

@@ -88,4 +88,5 @@ def _histc(call: OpCall) -> KernelSpec:
     return HistogramSpec(max(int(x.numel()), 1), max(int(call.arg(1, "bins", 100)), 1))
 
 
-register_family(HistogramSpec, suite=suite, build=build, features=features)
+register_family(HistogramSpec, suite=suite, build=build, features=features,
+                range_features=("log_n", "log_bins"))

@@ -6,7 +6,8 @@ Each family is one module of ``costmodel.families`` that defines its descriptor 
 section of a suite yaml -> the descriptors to measure), a ``build`` function
 (the suite's runner: inputs made once, outside the timed region), a ``features`` function
 (the family's own model columns, beside the ones every family gets in
-``costmodel.model.features``) and the aten ops that map to it (``costmodel.families.aten_map``),
+``costmodel.model.features``, and which of them bound the range a prediction is trusted in),
+its torch call, and the aten ops that map to it (``costmodel.families.aten_map``),
 and ends with ``register_family``. PyTorch registers FLOP formulas per aten op the same way
 (``torch/utils/flop_counter.py``, ``register_flop_formula``).
 """
@@ -50,19 +51,24 @@ class Family:
     build: Build
     features: Features
     module: str  # the file that defines it
+    #: its own features whose training range is checked at prediction time (extrapolation
+    #: warnings), beside the ones every family has (``costmodel.model.features``)
+    range_features: tuple[str, ...] = ()
 
 
 _FAMILIES: dict[str, Family] = {}
 
 
-def register_family(spec: type[KernelSpec], *, suite: Suite, build: Build, features: Features) -> Family:
-    """Register the family of ``spec`` (its ``family`` name) with its suite grid, runner and features."""
+def register_family(spec: type[KernelSpec], *, suite: Suite, build: Build, features: Features,
+                    range_features: Iterable[str] = ()) -> Family:
+    """Register the family of ``spec`` (its ``family`` name) with its suite grid, runner, features
+    and the ones of its features whose training range a prediction is checked against."""
     name = spec.family
     if not name:
         raise ValueError(f"{spec.__name__} sets no family name")
     if name in _FAMILIES:
         raise ValueError(f"kernel family {name!r} is registered twice ({_FAMILIES[name].module} and {spec.__module__})")
-    family = Family(name, spec, suite, build, features, spec.__module__)
+    family = Family(name, spec, suite, build, features, spec.__module__, tuple(range_features))
     _FAMILIES[name] = family
     return family
 

@@ -12,7 +12,7 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, dtype_name, index_stats, prod, register, spec_dtype
-from costmodel.families.columns import aggregation_features, column, flag, onehot
+from costmodel.families.columns import AGGREGATION_RANGE_FEATURES, aggregation_features, column, flag, onehot
 from costmodel.families.descriptor import INDEX_BYTES, KernelSpec, check_choice, check_cv, check_positive
 from costmodel.families.elementwise import ElementwiseSpec
 from costmodel.families.indices import realised_cv
@@ -288,4 +288,5 @@ def _embedding_backward(call: OpCall) -> KernelSpec:
                        spec_dtype(grad, ScatterSpec.allowed_dtypes))
 
 
-register_family(ScatterSpec, suite=suite, build=build, features=features)
+register_family(ScatterSpec, suite=suite, build=build, features=features,
+                range_features=AGGREGATION_RANGE_FEATURES)

@@ -95,4 +95,5 @@ def _norm(call: OpCall) -> KernelSpec:
     return SoftmaxSpec(max(int(x.numel()) // max(cols, 1), 1), max(cols, 1), spec_dtype(x, SoftmaxSpec.allowed_dtypes))
 
 
-register_family(SoftmaxSpec, suite=suite, build=build, features=features)
+register_family(SoftmaxSpec, suite=suite, build=build, features=features,
+                range_features=("log_rows", "log_cols"))

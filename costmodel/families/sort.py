@@ -86,4 +86,5 @@ def _sort(call: OpCall) -> KernelSpec:
     return SortSpec(max(int(x.numel()), 1), spec_dtype(x, SortSpec.allowed_dtypes))
 
 
-register_family(SortSpec, suite=suite, build=build, features=features)
+register_family(SortSpec, suite=suite, build=build, features=features,
+                range_features=("log_n",))

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, register, spec_dtype
-from costmodel.families.columns import aggregation_features, column, elem_bytes, log10
+from costmodel.families.columns import AGGREGATION_RANGE_FEATURES, aggregation_features, column, elem_bytes, log10
 from costmodel.families.descriptor import INDEX_BYTES, KernelSpec, check_cv, check_positive
 from costmodel.families.indices import column_pattern, index_for_share, pattern_of_counts, realised_cv
 from costmodel.families.inputs import csr_from_index, randn, skewed_index
@@ -191,4 +191,5 @@ def _sparse(call: OpCall) -> KernelSpec:
     return spmm_spec(call.args[0], call.args[1], call, None)
 
 
-register_family(SpmmSpec, suite=suite, build=build, features=features)
+register_family(SpmmSpec, suite=suite, build=build, features=features,
+                range_features=AGGREGATION_RANGE_FEATURES)

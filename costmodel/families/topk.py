@@ -88,4 +88,5 @@ def _topk(call: OpCall) -> KernelSpec:
     return TopkSpec(max(int(x.numel()) // max(cols, 1), 1), cols, max(k, 1), spec_dtype(x, TopkSpec.allowed_dtypes))
 
 
-register_family(TopkSpec, suite=suite, build=build, features=features)
+register_family(TopkSpec, suite=suite, build=build, features=features,
+                range_features=("log_rows", "log_cols", "log_k"))

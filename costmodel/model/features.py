@@ -80,12 +80,21 @@ def family_features(t: pd.DataFrame, family: str, ceilings: Mapping[str, Any]) -
         "log_ai_over_ridge": log10((flops + 1e-3) / nbytes / ridge),
         "log_roofline_s": log10(roofline_time_s(flops, nbytes, ceilings)),
     }
-    f |= family_of(family).features(t, ceilings)
+    fam = family_of(family)
+    f |= fam.features(t, ceilings)
+    missing = [c for c in fam.range_features if c not in f]
+    if missing:
+        raise ValueError(f"kernel family {family!r} declares range features {missing} that its features "
+                         f"({fam.module}.features) do not produce")
     return pd.DataFrame(f, index=t.index)
 
 
-#: features whose training range is checked at prediction time (extrapolation warnings)
-RANGE_FEATURES = (
-    "log_flops", "log_bytes", "log_m", "log_k", "log_n", "log_total_tokens", "log_experts",
-    "log_rows", "log_width", "log_table_rows", "index_cv", "log_numel", "log_cols", "log_n", "log_bins",
-)
+#: features of every family whose training range is checked at prediction time
+COMMON_RANGE_FEATURES = ("log_flops", "log_bytes")
+
+
+def range_features(family: str) -> tuple[str, ...]:
+    """The features of ``family`` whose training range is checked at prediction time
+    (extrapolation warnings): the common ones, then the ones the family declares
+    (``register_family(..., range_features=...)``)."""
+    return COMMON_RANGE_FEATURES + family_of(family).range_features

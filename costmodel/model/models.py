@@ -39,7 +39,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
 from costmodel.families.descriptor import families
-from costmodel.model.features import RANGE_FEATURES, family_features, roofline_time_s
+from costmodel.model.features import family_features, range_features, roofline_time_s
 
 MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median efficiency
 #: L3's log10 efficiency is clipped to the training range widened by this much (x1.26):
@@ -244,8 +244,9 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
             rows = X.iloc[idx]
             feats = family_features(rows, family, self.ceilings_)
             self.feature_names_[family] = list(feats.columns)
+            checked = range_features(family)
             self.feature_ranges_[family] = {
-                c: (float(feats[c].min()), float(feats[c].max())) for c in feats.columns if c in RANGE_FEATURES
+                c: (float(feats[c].min()), float(feats[c].max())) for c in feats.columns if c in checked
             }
             t = target[idx]
             self.target_range_[family] = (float(t.min()) - CLIP_MARGIN_DECADES, float(t.max()) + CLIP_MARGIN_DECADES)

@@ -16,7 +16,8 @@ from costmodel.families.descriptor import KernelSpec, families, from_record
 from costmodel.families.registry import grid
 from costmodel.measure.runners import make_runner
 from costmodel.measure.suite import expand_suite
-from costmodel.model.features import family_features, kernel_table
+from costmodel.model.features import COMMON_RANGE_FEATURES, family_features, kernel_table, range_features
+from costmodel.model.models import FittedCostModel
 from sim.aten_registry import registry_table
 from sim.capture import capture_trace
 
@@ -29,6 +30,7 @@ def test_every_family_is_registered_whole_from_its_own_module():
     for fam in registered():
         assert fam.module == f"costmodel.families.{fam.name}" == fam.spec.__module__
         assert callable(fam.suite) and callable(fam.build) and callable(fam.features)
+        assert fam.range_features and range_features(fam.name) == COMMON_RANGE_FEATURES + fam.range_features
     # every aten entry names a registered family, and each family's module registers at least one op
     table = registry_table()
     assert set(table["family"]) == set(families())
@@ -81,7 +83,7 @@ def test_a_new_family_in_one_place_is_measured_predicted_and_captured(restore_re
     def _trace(call):
         return TraceSpec(int(call.args[0].shape[0]), aten_map.dtype_name(call.args[0]))
 
-    register_family(TraceSpec, suite=suite, build=build, features=features)
+    register_family(TraceSpec, suite=suite, build=build, features=features, range_features=("log_n",))
 
     # -- and everything else picks it up
     specs = expand_suite({"name": "t", "families": ["toy_trace"], "toy_trace": {"n": [4, 64]}}, dtype="float32",
@@ -93,6 +95,30 @@ def test_a_new_family_in_one_place_is_measured_predicted_and_captured(restore_re
     table = kernel_table([TraceSpec(4), TraceSpec(64)])
     feats = family_features(table, "toy_trace", CEILINGS)
     assert np.allclose(feats["log_n"], [np.log10(4), np.log10(64)]) and "log_roofline_s" in feats
+    # the range a prediction is trusted in is the family's own declaration (plus FLOPs and bytes)
+    model = FittedCostModel(ceilings=CEILINGS).fit(table, [1e-6, 2e-6])
+    assert set(model.feature_ranges_["toy_trace"]) == {"log_flops", "log_bytes", "log_n"}
+    far = family_features(kernel_table([TraceSpec(4096)]), "toy_trace", CEILINGS)
+    assert model._outside("toy_trace", far)["log_n"].all()  # n = 4096 lies beyond the fitted 4..64
     captured = capture_trace(torch.trace, torch.randn(16, 16))
     assert captured.kernels() == [TraceSpec(16)]
     assert "toy_trace" in set(registry_table()["family"])
+
+
+def test_a_range_feature_the_family_does_not_compute_is_refused(restore_registries):
+    @dataclasses.dataclass(frozen=True)
+    class NormSpec(KernelSpec):
+        family: ClassVar[str] = "toy_norm"
+        n: int
+        dtype: str = "float32"
+
+        def flops(self) -> float:
+            return 2.0 * self.n
+
+        def bytes_moved(self) -> float:
+            return float(self.n * self.elem_bytes)
+
+    register_family(NormSpec, suite=lambda c, x: [], build=lambda *a: None,
+                    features=lambda t, c: {"log_n": log10(column(t, "n"))}, range_features=("log_numel",))
+    with pytest.raises(ValueError, match=r"'toy_norm' declares range features \['log_numel'\]"):
+        family_features(kernel_table([NormSpec(8)]), "toy_norm", CEILINGS)
