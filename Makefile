@@ -14,7 +14,7 @@ TORCH_SPEC ?= $(if $(HAS_NVIDIA),torch,torch==2.13.0)
 PIP_EXTRA ?=
 WITH_TORCH_SCATTER ?= 1
 
-.PHONY: setup run test test-all bench fit experiments gpu-wheels gpu-dry-run clean
+.PHONY: setup run test test-all layering bench fit experiments gpu-wheels gpu-dry-run clean
 
 setup: $(VENV)/.setup-done
 
@@ -39,6 +39,9 @@ test: setup         ## the default test suite (slow and gpu tests deselected)
 
 test-all: setup     ## every test, slow and gpu ones included where the machine allows
 	$(BIN)/python -m pytest -m ""
+
+layering:           ## import cycles and imports up experiments -> sim -> costmodel (ast only, nothing imported)
+	$(PYTHON) scripts/check_layering.py
 
 bench: setup        ## measure this device: python -m costmodel bench suite=full
 	$(BIN)/python -m costmodel bench suite=full
