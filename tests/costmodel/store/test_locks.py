@@ -19,7 +19,7 @@ from costmodel.measure.runtime import Runtime
 from costmodel.store.locks import LockBusyError, MeasureLockConfig, measuring
 from costmodel.store.profile import DeviceProfile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 WRITER = textwrap.dedent("""
     import sys, time

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=2", "timing.retries=0", "timing.layer_min_calls=3"]
 
 

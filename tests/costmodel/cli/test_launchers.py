@@ -18,7 +18,7 @@ from hydra.types import RunMode
 
 from costmodel.cli import launchers
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONF = str(ROOT / "conf")
 PROFILE_ID = "cpu-intel-r-xeon-r-processor-t2-float32-2862a8a0be"  # committed, cold-cache, every family
 TINY_DESIGN = ["design.tokens=[16,64]", "design.d_model=[256]", "design.num_experts=[8]", "progress=false",

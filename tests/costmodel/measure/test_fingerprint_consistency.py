@@ -15,7 +15,7 @@ from costmodel.cli import fleet
 from costmodel.measure.device import Fingerprint, InconsistentFingerprintError, ProfileMismatchError
 from costmodel.store.profile import DeviceProfile, ProfileError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 WARM = "cpu-intel-r-xeon-r-processor-t2-float32-b3d5410f1a"  # a committed profile
 
 

@@ -13,7 +13,7 @@ from costmodel.measure.device import fingerprint
 from costmodel.store.profile import DeviceProfile, ProfileError
 from costmodel.store.profile_rows import read_rows
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMMITTED = sorted((ROOT / "profiles").glob("*/measurements.csv"))
 
 

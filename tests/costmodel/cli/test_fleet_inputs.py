@@ -20,7 +20,7 @@ from costmodel.model.predictor import CostModel
 from costmodel.store.model_cache import ModelCacheWarning
 from costmodel.store.profile import DeviceProfile
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIELDS = dict(device_kind="cpu", device_name="Test CPU", torch_version="2.13.0+cpu", blas="mkl", threads=2,
               cuda_version="none", driver_version="none", dtype="float32", allocator="steady", cache="warm")
 

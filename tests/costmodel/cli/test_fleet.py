@@ -13,7 +13,7 @@ import pytest
 
 from costmodel.cli import fleet
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COLD = "cpu-intel-r-xeon-r-processor-t2-float32-2862a8a0be"  # every family
 WARM = "cpu-intel-r-xeon-r-processor-t2-float32-b3d5410f1a"  # gemm and elementwise only
 

@@ -184,7 +184,7 @@ def test_update_ceilings_loses_no_update_of_concurrent_writers(profile):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
     procs = [subprocess.Popen([sys.executable, "-c", UPDATER, str(profile.path)], cwd=root, env=env,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
