@@ -88,7 +88,7 @@ def test_a_sweep_with_a_bad_design_expert_is_refused_before_job_0(tmp_path, capl
         assert [(o[1], str(e)) for o, e in failures] == [
             ("design.expert=foo", "design.expert must be one of ['swiglu', 'mlp'], got 'foo'")]
         with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as stop:
-            ValidateSweep("experiments.common.validate_experiment").on_multirun_start(cfg)
+            ValidateSweep("experiments.common.validate_experiment", measures="sim.__main__.job_measures").on_multirun_start(cfg)
     assert stop.value.code == 2
     assert "job design.expert=foo: error: design.expert must be one of ['swiglu', 'mlp'], got 'foo'" in caplog.messages
     assert "error: 1 of 2 jobs of the sweep have invalid configs (listed above); no job was run" in caplog.messages

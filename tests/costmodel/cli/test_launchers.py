@@ -150,7 +150,7 @@ def _callback_outcome(caplog, *overrides: str) -> tuple[int | None, list[str]]:
         cfg = _sweep(*overrides)
         with caplog.at_level(logging.INFO):
             try:
-                ValidateSweep("experiments.common.validate_experiment").on_multirun_start(cfg)
+                ValidateSweep("experiments.common.validate_experiment", measures="sim.__main__.job_measures").on_multirun_start(cfg)
             except SystemExit as stop:
                 return stop.code, [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     return None, [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
