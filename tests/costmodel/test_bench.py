@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tiny_budget import tiny_timing
 from dataclasses import replace
 
 import pytest
@@ -12,9 +13,8 @@ from costmodel.bench import SizeLimits, measure_specs
 from costmodel.device import fingerprint
 from costmodel.kernels import GemmSpec, HistogramSpec, SortSpec
 from costmodel.profile import DeviceProfile
-from costmodel.timing import TimingConfig
 
-TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2)
+TIMING = tiny_timing(rounds=2)
 LIMITS = SizeLimits(max_flops=1e6, max_bytes=1e8)
 SPECS = [("grid", SortSpec(64)), ("grid", HistogramSpec(64, 4)), ("grid", GemmSpec(4, 8, 8)),
          ("grid", GemmSpec(512, 512, 512))]  # the last exceeds max_flops

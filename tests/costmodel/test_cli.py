@@ -16,7 +16,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=2", "timing.retries=0", "timing.layer_min_calls=3"]
+TINY = ["+timing_budget=tiny", "timing.rounds=2"]  # conf/timing_budget/tiny.yaml, two rounds
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
