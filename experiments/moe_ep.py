@@ -52,7 +52,7 @@ from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
 from sim.distributed.ep_collectives import (  # noqa: E402
-    collective_model_for, fit_grid, load_fallback, save_fallback, whatif_model,
+    collective_model_for, fit_grid, load_fallback, save_fallback, whatif_from,
 )
 from sim.distributed.ep_plan import EPPlan, plan_expert_parallel  # noqa: E402
 from sim.distributed.ep_predict import (  # noqa: E402
@@ -66,6 +66,8 @@ from sim.routing import check_capacity_factor, route  # noqa: E402
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
 MEASURES = "optional"
 BACKEND = "gloo"
+#: where the all-to-all model comes from (``ep.collectives``)
+COLLECTIVE_SOURCES = ("profile", "in_run")
 MAX_REPEATS = 200
 #: uniform all-to-all sizes (bytes per peer) of the in-launch latency-bandwidth fit
 A2A_GRID = (256, 2048, 16384, 131072, 1048576, 4194304)
@@ -134,7 +136,10 @@ def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[s
            "capacity_factor": check_capacity_factor(ep.get("capacity_factor")),
            "warmup": _int_in(ep.get("warmup", 2), "ep.warmup", 0, 50),
            "repeats": _int_in(ep.get("repeats", 15), "ep.repeats", 3, MAX_REPEATS),
-           "timeout_s": _int_in(ep.get("timeout_s", 600), "ep.timeout_s", 10, 3600)}
+           "timeout_s": _int_in(ep.get("timeout_s", 600), "ep.timeout_s", 10, 3600),
+           "collectives": ep.get("collectives", "profile")}
+    if out["collectives"] not in COLLECTIVE_SOURCES:
+        raise ValueError(f"ep.collectives must be one of {list(COLLECTIVE_SOURCES)}, got {out['collectives']!r}")
     return out
 
 
@@ -175,8 +180,13 @@ def _plan_points(cfg: Mapping[str, Any], rt: Runtime, configs: Sequence[MoEConfi
     return points
 
 
-def _collectives(rt: Runtime, W: int, measuring: bool) -> tuple[Any, str]:
-    cm, how = collective_model_for(W, BACKEND, rt.profile_root)
+def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile") -> tuple[Any, str]:
+    """The all-to-all model: ``ep.collectives=profile`` the collective profile (measured first
+    when missing and measuring, ~1 min at W=2); ``in_run`` (or no collectives package) None,
+    and the run fits a latency-bandwidth model to a grid timed in its own launch."""
+    if source == "in_run" and measuring:
+        return None, "ep.collectives=in_run: a latency-bandwidth all-to-all fitted to a grid timed in this launch"
+    cm, how = collective_model_for(W, BACKEND, rt.profile_root, measure_if_missing=measuring)
     if cm is not None:
         return cm, how
     if measuring:
@@ -216,7 +226,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     distinct = list({s.key(): s for t in traces for s in t}.values())
     model = calibrated_model(rt, suite, suite_name="moe", progress=progress, heldout=distinct, **calibration_options(cfg))
     heldout = heldout_for(rt, model, traces, what="moe_ep")
-    cm, cm_how = _collectives(rt, ep["world_size"], measuring=True)
+    cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"])
     console.print(f"all-to-all model: {cm_how}")
 
     from sim.distributed.ep_layer import MEASURED_SEGMENTS, run_ep_phases  # noqa: PLC0415
@@ -236,7 +246,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         cm_how += (f": alpha {cm.alpha_s * 1e6:.1f} us, beta {cm.beta_bytes_per_s / 1e9:.2f} GB/s over "
                    f"{len(measured['a2a'])} sizes")
         details["collective_grid"] = [{"bytes_per_peer": b, "seconds": s} for b, s in measured["a2a"]]
-    details["collective_model"] = {"how": cm_how, **(cm.to_dict() if hasattr(cm, "to_dict") else {})}
+    details["collective_model"] = {"how": cm_how, **(cm.to_dict() if hasattr(cm, "to_dict") else {"fingerprint": getattr(cm, "fingerprint", None)})}
     details["ranks"] = measured["note"]
 
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
@@ -424,8 +434,8 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
     cm, how = collective_model_for(W, BACKEND, rt.profile_root)
     if cm is None:
         base, base_how = _collectives(rt, 2, measuring=False)
-        cm = whatif_model(base, W)
-        how = f"{base_how}; {cm.source}"
+        cm = whatif_from(base, W)
+        how = f"{base_how}; latency-bandwidth with its W=2 alpha and beta, extrapolated to W={W}"
     times = cost_model_kernel_times(model)
     rows, per_point = [], []
     for pt in points:

@@ -146,19 +146,33 @@ def load_fallback(folder: Path, world_size: int, backend: str) -> LatencyBandwid
                                     tuple(fb) if fb else None, "measured")
 
 
-def collective_model_for(world_size: int, backend: str, profile_root: str | Path) -> tuple[Any | None, str]:
+def collective_model_for(world_size: int, backend: str, profile_root: str | Path, *,
+                         measure_if_missing: bool = False) -> tuple[Any | None, str]:
     """(the profiled collective model, how it was found) or (None, why not):
-    ``costmodel.collectives.load_collective_model`` without measuring."""
+    ``costmodel.collectives.load_collective_model`` (with ``measure_if_missing``, its default
+    suite is measured first where the profile is missing)."""
     try:
         from costmodel.collectives import CollectiveProfileError, load_collective_model  # noqa: PLC0415
     except ImportError as err:
-        return None, f"costmodel.collectives has no collective model yet ({err})"
+        return None, f"costmodel.collectives has no collective model ({err})"
     try:
         cm = load_collective_model(world_size=world_size, backend=backend, profile_root=str(profile_root),
-                                   measure_if_missing=False)
+                                   measure_if_missing=measure_if_missing)
     except CollectiveProfileError as err:
         return None, f"no collective profile for {backend} W={world_size}: {err}"
     return cm, f"collective profile {backend} W={world_size} (costmodel.collectives)"
+
+
+def whatif_from(base: Any, world_size: int) -> Any:
+    """A what-if all-to-all model for ``world_size`` ranks: the package's
+    ``make_latency_bandwidth_model`` with ``base``'s fitted L2 all-to-all alpha and beta where
+    ``base`` is a ``costmodel.collectives`` model, else ``whatif_model``."""
+    l2 = getattr(base, "l2", {}).get("all_to_all") if isinstance(getattr(base, "l2", None), dict) else None
+    if l2 is not None:
+        from costmodel.collectives import make_latency_bandwidth_model  # noqa: PLC0415
+
+        return make_latency_bandwidth_model(float(l2.alpha_s_), float(l2.beta_bytes_per_s_), world_size)
+    return whatif_model(base, world_size)
 
 
 def whatif_model(base: Any, world_size: int) -> LatencyBandwidthAllToAll:

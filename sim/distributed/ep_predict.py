@@ -23,7 +23,8 @@ Levels, as the project's (docs/method.md): L0 and L1 are FLOPs-only (FLOPs / pea
 per-family achieved rate) and a collective moves no FLOPs, so it costs 0 s there (the waits
 still apply); L2 is the kernels' roofline plus the collective model's ``L2`` (latency +
 bytes / bandwidth); L3 the fitted kernel model plus the collective model's ``L3`` (fitted to
-its own profile).
+its own profile; a model without L3, such as ``make_latency_bandwidth_model``'s what-if,
+answers L3 with its L2).
 
 **Wait rule** (bulk-synchronous: a collective is a superstep boundary, Valiant, "A bridging
 model for parallel computation", CACM 33(8), 1990; the same rule as the LogGP-style
@@ -249,7 +250,9 @@ def _collective(cm: Any, send_bytes: np.ndarray, level: str) -> np.ndarray:
     W = send_bytes.shape[0]
     if level in FLOPS_ONLY_LEVELS:
         return np.zeros(W)
-    out = np.asarray(cm.predict_all_to_all_s(np.asarray(send_bytes, dtype=np.float64), level=level), dtype=np.float64)
+    levels = tuple(getattr(cm, "levels", (level,)))
+    asked = level if level in levels else levels[-1]  # an L2-only what-if model answers L3 with its L2
+    out = np.asarray(cm.predict_all_to_all_s(np.asarray(send_bytes, dtype=np.float64), level=asked), dtype=np.float64)
     if out.shape != (W,):
         raise ValueError(f"the collective model returned shape {list(out.shape)} for a [{W}, {W}] all-to-all; "
                          f"expected [{W}] seconds, one per rank")
