@@ -167,7 +167,8 @@ def _plan_points(configs: Sequence[GNNConfig], graphs: Sequence[tuple[Any, torch
 def partition_suite(points: Sequence[Mapping[str, Any]], cv_range: tuple[float, float]) -> list[tuple[str, Any]]:
     """Calibration kernels near the ranks' local layers: ``gnn_suite`` (each layer's trace over
     a grid of degree CVs) at the smallest, median and largest local graph per backend (local
-    rows, edges), four CVs each. The held-out fit leaves out any kernel of the run's traces."""
+    rows, edges), four CVs each (0 and three across the run's range). The held-out fit leaves out any kernel
+    of the run's traces."""
     out: dict[str, tuple[str, Any]] = {}
     by_backend: dict[str, list[tuple[int, int, GNNConfig]]] = {}
     for pt in points:
@@ -179,7 +180,7 @@ def partition_suite(points: Sequence[Mapping[str, Any]], cv_range: tuple[float, 
         sizes = sorted(s for s in sizes if s[0] > 0)
         for e, rows, cfg in {sizes[0], sizes[len(sizes) // 2], sizes[-1]}:
             local = GNNConfig(**{**cfg.__dict__, "num_nodes": rows})
-            for tag, s in gnn_suite([local], num_edges=e, cv_range=cv_range, points=4):
+            for tag, s in gnn_suite([local], num_edges=e, cv_range=cv_range, points=3):
                 out.setdefault(s.key(), (tag, s))
     return list(out.values())
 
@@ -253,6 +254,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, points, details, out, part)
+    edgeless = [(pt["partitioner"], pt["value"], r) for pt in points for r in range(W) if pt["plan"].actual.edges[r] == 0]
+    if edgeless:
+        p, v, r = edgeless[0]
+        raise ValueError(f"partition.partitioners: {p!r} leaves rank {r} without any in-edge at graph "
+                         f"{cfg['graph']['sweep']['param']}={v} ({len(edgeless)} such case(s)): the real layer needs at "
+                         "least one in-edge per rank; drop that partitioner or sweep value, or use fewer ranks "
+                         "(measure=false predicts such plans)")
 
     cvs = [pt["stats"][k] for pt in points for k in ("degree_cv", "out_degree_cv")]
     suite = partition_suite(points, (min(cvs), max(cvs)))

@@ -26,7 +26,7 @@ halo rows receive nothing; both are in the rank's trace (``gnn_partition_predict
 
 ``partition_worker`` is the per-rank entry point for ``sim.distributed.launch.run_ep``:
 outputs of every case and, with repeats, the per-phase times of every rank and the step's
-slowest-rank time (``time_phases``). ``run_partition_forward`` launches it and assembles the
+slowest-rank time (``time_phases`` over ``step_timing.time_step``). ``run_partition_forward`` launches it and assembles the
 full outputs.
 """
 
@@ -41,11 +41,11 @@ import torch.distributed as dist
 from torch import nn
 
 from costmodel import ops
-from costmodel.timing import Measurement, TimingConfig, evict_caches
+from costmodel.timing import TimingConfig, evict_caches
 from sim.distributed.gnn_partition_predict import PHASES, check_plan_for_layer, local_config
 from sim.distributed.graph_partition import PartitionPlan
 from sim.distributed.launch import run_ep
-from sim.distributed.step_timing import MAX_REPEATS, MAX_WARMUP, MIN_REPEATS
+from sim.distributed.step_timing import MAX_REPEATS, MAX_WARMUP, MIN_REPEATS, time_step
 from sim.gnn_layer import GNNConfig, GNNLayer
 
 
@@ -132,37 +132,20 @@ def _check_repeats(warmup: object, repeats: object) -> None:
 
 def time_phases(layer: PartitionedGNNLayer, buf: torch.Tensor, *, warmup: int = 1, repeats: int = 5,
                 cold: bool = True) -> dict[str, Any]:
-    """``sim.distributed.step_timing.time_step``'s protocol with the phases kept: per repeat
-    (``cold``: after writing the CPU eviction buffer, untimed, as the profile's cold-cache
-    kernels), a barrier, the step timed phase by phase on every rank, then an
-    ``all_reduce`` MAX of the step: the slowest rank's time. Returns this rank's phase
-    seconds per repeat ([repeats, 3], ``PHASES`` order) and the step's ``Measurement``
-    (the same on every rank)."""
+    """``sim.distributed.step_timing.time_step`` (a barrier, the step, an ``all_reduce`` MAX:
+    the slowest rank's step per repeat) over ``layer.timed_step``, which keeps this rank's
+    seconds of each phase; ``cold``: the CPU caches evicted (untimed) before each step, as the
+    profile's cold-cache kernels were timed. Returns this rank's phase seconds per timed
+    repeat ([repeats, 3], ``PHASES`` order), the step's ``Measurement`` (the same on every
+    rank) and ``cold``."""
     _check_repeats(warmup, repeats)
     if not dist.is_initialized():
         raise RuntimeError("time_phases runs inside a process group (sim.distributed.launch.run_ep)")
     timing = TimingConfig()
-    phases, steps = [], []
-    for i in range(warmup + repeats):
-        if cold:
-            evict_caches(torch.device("cpu"), timing)
-        dist.barrier()
-        start = time.perf_counter()
-        parts = layer.timed_step(buf)
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        if i >= warmup:
-            phases.append(parts)
-            steps.append(float(elapsed.item()))
-    q1, median, q3 = np.percentile(steps, [25, 50, 75])
-    world = dist.get_world_size()
-    step = Measurement(
-        times_s=tuple(steps), number_per_run=1, attempts=1,
-        noisy=bool((q3 - q1) / median > timing.max_rel_iqr) if median > 0 else False,
-        device=f"cpu x{world} ({dist.get_backend()})", threads=torch.get_num_threads(),
-        spec={"world_size": world, "backend": dist.get_backend(), "warmup": warmup, "repeats": repeats,
-              "statistic": "max over ranks per repeat", "cold": cold})
-    return {"phases_s": np.asarray(phases, dtype=np.float64), "step": step}
+    phases: list[tuple[float, float, float]] = []
+    before = (lambda: evict_caches(torch.device("cpu"), timing)) if cold else None
+    step = time_step(lambda: phases.append(layer.timed_step(buf)), warmup=warmup, repeats=repeats, before=before)
+    return {"phases_s": np.asarray(phases[warmup:], dtype=np.float64), "step": step, "cold": cold}
 
 
 Case = tuple[GNNConfig, PartitionPlan, Any]  # (config, plan, edge index [2, E])

@@ -35,6 +35,7 @@ import torch
 
 from costmodel.kernels import GatherSpec, KernelSpec
 from sim.distributed.graph_partition import PartitionPlan, balanced_send_bytes
+from sim.backends.gnn import gnn_backend
 from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 
 PHASES = ("send", "halo", "layer")
@@ -56,14 +57,27 @@ def local_config(cfg: GNNConfig, plan: PartitionPlan, rank: int) -> GNNConfig:
     return replace(cfg, num_nodes=int(plan.local_nodes(rank).size))
 
 
-def local_graph_plan(cfg: GNNConfig, plan: PartitionPlan, edge_index: Any, rank: int) -> GraphPlan:
-    """The facts of rank ``rank``'s local graph the trace needs (``GraphPlan``)."""
+def local_graph_plan(cfg: GNNConfig, plan: PartitionPlan, edge_index: Any, rank: int) -> GraphPlan | None:
+    """The facts of rank ``rank``'s local graph the trace needs (``GraphPlan``); None when the
+    rank owns no node with an in-edge (it aggregates nothing)."""
     local = torch.from_numpy(np.ascontiguousarray(plan.local_edge_index(edge_index, rank)))
     if local.shape[1] == 0:
-        raise ValueError(f"rank {rank} owns no node with an in-edge ({int(plan.actual.nodes[rank])} nodes): the "
-                         "partitioned layer needs at least one in-edge per rank; use fewer ranks or another partitioner")
+        return None
     return GraphPlan.from_edge_index(local, int(plan.local_nodes(rank).size),
                                      sorted_by_dst=cfg.edge_order == "dst_sorted")
+
+
+def layer_trace(cfg: GNNConfig, plan: PartitionPlan, edge_index: Any, rank: int) -> list[KernelSpec]:
+    """The single-device trace of rank ``rank``'s local config and graph; a rank without
+    in-edges runs its layer's transform and activation only (the aggregation kernels of a
+    one-edge graph left out: what-if plans at larger W can leave a METIS part edgeless)."""
+    local = local_config(cfg, plan, rank)
+    graph = local_graph_plan(cfg, plan, edge_index, rank)
+    if graph is not None:
+        return gnn_trace(local, graph)
+    one = GraphPlan(local.num_nodes, 1, 0.0, 0.0, True, True)
+    aggregate = set(gnn_backend(cfg.backend).aggregate_trace(local, one))
+    return [s for s in gnn_trace(local, one) if s not in aggregate]
 
 
 def send_trace(cfg: GNNConfig, plan: PartitionPlan, rank: int) -> list[KernelSpec]:
@@ -80,8 +94,7 @@ def send_trace(cfg: GNNConfig, plan: PartitionPlan, rank: int) -> list[KernelSpe
 def rank_traces(cfg: GNNConfig, plan: PartitionPlan, edge_index: Any, rank: int) -> dict[str, list[KernelSpec]]:
     """The kernels rank ``rank`` runs per phase (``send`` and ``layer``; ``halo`` is the collective)."""
     check_plan_for_layer(cfg, plan)
-    local = local_config(cfg, plan, rank)
-    return {"send": send_trace(cfg, plan, rank), "layer": gnn_trace(local, local_graph_plan(cfg, plan, edge_index, rank))}
+    return {"send": send_trace(cfg, plan, rank), "layer": layer_trace(cfg, plan, edge_index, rank)}
 
 
 @dataclass

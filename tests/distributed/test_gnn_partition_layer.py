@@ -80,7 +80,7 @@ def test_phase_times_and_the_slowest_rank_step(run):
             for r in (rank0, rank1):
                 assert all(s >= p.sum() * 0.999 for s, p in zip(r["step"].times_s, r["phases_s"]))
             assert all(0 < t < run["wall_s"] for t in rank0["step"].times_s)
-            assert rank0["step"].threads == 1 and rank0["step"].spec["cold"] is True
+            assert rank0["step"].threads == 1 and rank0["cold"] is True
 
 
 def test_layer_arguments_are_checked_without_a_process_group(graph):
