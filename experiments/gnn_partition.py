@@ -470,7 +470,9 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
             ax.invert_yaxis()
             plan = pt["plan"]
             step = f"measured {pt['measured']['step_s'] * 1e3:.2f} ms, " if measured else ""
-            ax.set_title(f"{partitioner}, graph {value} (edges per rank {plan['rank_edges']}, cut "
+            edges = plan["rank_edges"]
+            edges = edges if len(edges) <= 4 else f"{min(edges)}..{max(edges)}"
+            ax.set_title(f"{partitioner}, graph {value} (edges per rank {edges}, cut "
                          f"{100 * plan['edge_cut_share']:.0f}%):\n{step}predicted {pt['predicted']['L3']['step_s'] * 1e3:.2f} ms",
                          fontsize=8)
             ax.set_xlabel("time from the step's start [ms]", fontsize=8)
@@ -484,7 +486,7 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
     what = ("measured (pale: median per phase; the halo includes its wait) above predicted " if measured
             else "predicted only (measure=false), ")
     fig.suptitle(f"partitioned GNN step per rank, backend {backend}: {what}({scoring})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
