@@ -6,7 +6,8 @@ so every row of that size, all patterns and ranks, is scored by a model fitted w
 the smallest and largest sizes are therefore scored in extrapolation). L3's model class is
 chosen inside each outer fold on the training sizes only (``models.select_l3``), so the
 choice never sees the scored size. Rows: median, p90 and max APE, per op and level, over all
-the op's rows and, for all_to_all, per split pattern (imbalance).
+the op's rows and, for all_to_all, per split pattern (imbalance), with the noise floor beside
+them (``noise_rel_iqr_pct``: the median over the slice's rows of IQR/median over repeats).
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ def fit_report(frame: pd.DataFrame, *, print_table: bool = True) -> pd.DataFrame
             slices += [(p, s) for p, s in part.groupby("pattern")]
         for name, s in slices:
             for level in ("L2", "L3"):
-                row = {"op": op, "slice": name, "level": level, "rows": len(s), "sizes": s["group"].nunique()}
+                row = {"op": op, "slice": name, "level": level, "rows": len(s), "sizes": s["group"].nunique(),
+                       "noise_rel_iqr_pct": float(np.median(s["rel_iqr"]) * 100)}
                 row.update(_summary(s, level))
                 if level == "L3":
                     classes = Counter(s["l3_class"])
