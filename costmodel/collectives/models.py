@@ -362,7 +362,8 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
     """Fit L2 and L3 from this host's collective profile for (``world_size``, ``backend``).
 
     Missing profile: ``CollectiveProfileError`` naming the folder and the bench command, or,
-    with ``measure_if_missing``, the default suite is measured first (about a minute at W=2).
+    with ``measure_if_missing``, the default suite is measured first (about half a minute at
+    W=2). The fit (seconds) is kept in memory until the profile's file changes.
     """
     w = check_world_size(world_size)
     try:
@@ -372,9 +373,19 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
             raise
         from costmodel.collectives.bench import bench_collectives
         path = bench_collectives(w, profile_root=profile_root, backend=backend).path
-    profile = CollectiveProfile.load(path)
-    fp = {**profile.fingerprint, "source": str(path)}
-    return fit_collective_model(profile.measurements(), fp, world_size=w, backend=backend)
+    stat = (Path(path) / "measurements.csv").stat()
+    key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size, w, backend)
+    if key not in _FITTED:  # a refit costs seconds (class selection); the file decides when it is stale
+        profile = CollectiveProfile.load(path)
+        fp = {**profile.fingerprint, "source": str(path)}
+        _FITTED.clear()
+        _FITTED[key] = fit_collective_model(profile.measurements(), fp, world_size=w, backend=backend)
+    return _FITTED[key]
+
+
+#: the last model fitted in this process, keyed by its profile file's path, mtime and size
+#: (an in-memory cache only: fitted models are derived data, never pickled)
+_FITTED: dict[tuple, CollectiveModel] = {}
 
 
 def to_json(model: CollectiveModel) -> str:
