@@ -45,6 +45,20 @@ def suite_path(name: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a bad argument or a failed run prints one clear message and returns 1."""
+    from costmodel.collectives.spec import CollectiveSpecError
+    from costmodel.collectives.store import CollectiveProfileError
+    from costmodel.collectives.workers import EPTimeoutError, EPWorkerError, WorkerSetupError
+    from costmodel.device import ProfileMismatchError
+    try:
+        return _main(argv)
+    except (CollectiveSpecError, CollectiveProfileError, WorkerSetupError, EPWorkerError, EPTimeoutError,
+            ProfileMismatchError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ALLOWED:
         print(USAGE, file=sys.stderr)

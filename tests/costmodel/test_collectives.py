@@ -205,3 +205,12 @@ def test_a_rank_that_dies_stops_every_rank(tmp_path):
     left = [p for p in _spawned_children() if p.pid not in before and "resource_tracker" not in " ".join(p.cmdline())]
     assert left == []
     assert not list(tmp_path.rglob("measurements.csv"))
+
+
+def test_cli_prints_one_clear_error(capsys, tmp_path):
+    from costmodel.collectives.__main__ import main
+    n = len(usable_cores())
+    assert main(["bench", f"world_size={n + 1}", f"profile_root={tmp_path}"]) == 1
+    assert f"error: world_size={n + 1} cannot be placed one rank per core" in capsys.readouterr().err
+    assert main(["fit", f"profile_root={tmp_path}"]) == 1
+    assert "python -m costmodel.collectives bench world_size=2" in capsys.readouterr().err
