@@ -17,6 +17,13 @@ latency-bandwidth fit to a grid of uniform all-to-alls timed in the same launch
 (``sim.distributed.ep_collectives``). ``details.profile_lookup`` is the profile as loaded.
 No replay here (``calibration.paired`` applies to single-device layers).
 
+Co-location (``ep.colocation``): the W ranks share this host's cache and memory bandwidth,
+the profile was measured with one process alone; each rank's kernel predictions are
+multiplied by their family's measured factor (``costmodel.colocation``: the profile's
+colocation.json for the ranks' cores, ``profile`` measuring it first when missing,
+``measure`` anew, ``off`` none). The headline is scored with them; ``details.colocation``
+holds the factors and the held-out L3 error without them.
+
 Outputs: results.csv (one row per point x placement x backend), summary.json in the common
 schema plus ``details.ep`` (per point: per-rank timelines predicted and measured, straggler,
 skew share, the load-aware placement's gain over contiguous), ep_timelines.png and
@@ -68,6 +75,8 @@ MEASURES = "optional"
 BACKEND = "gloo"
 #: where the all-to-all model comes from (``ep.collectives``)
 COLLECTIVE_SOURCES = ("profile", "in_run")
+#: where the co-location factors come from (``ep.colocation``; ``costmodel.colocation.MODES``)
+COLOCATION_SOURCES = ("measure", "profile", "off")
 MAX_REPEATS = 200
 #: uniform all-to-all sizes (bytes per peer) of the in-launch latency-bandwidth fit
 A2A_GRID = (256, 2048, 16384, 131072, 1048576, 4194304)
@@ -140,6 +149,11 @@ def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[s
            "collectives": ep.get("collectives", "profile")}
     if out["collectives"] not in COLLECTIVE_SOURCES:
         raise ValueError(f"ep.collectives must be one of {list(COLLECTIVE_SOURCES)}, got {out['collectives']!r}")
+    out["colocation"] = ep.get("colocation", "profile")
+    if out["colocation"] not in COLOCATION_SOURCES:
+        raise ValueError(f"ep.colocation must be one of {list(COLOCATION_SOURCES)}, got {out['colocation']!r}")
+    if out["colocation"] == "measure" and not measuring:
+        raise ValueError("ep.colocation=measure needs measure=true (measure=false predicts only: use profile or off)")
     return out
 
 
@@ -219,7 +233,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         "collective_backend": BACKEND,
     }
     if not measuring:
-        return _predict_only(cfg, rt, points, details, out)
+        return _predict_only(cfg, rt, points, details, out, ep)
 
     shard_cfgs = [MoEConfig(**{**c.__dict__, "tokens": math.ceil(c.tokens / ep["world_size"])}) for c in configs]
     suite = moe_suite(list(configs) + shard_cfgs)
@@ -228,6 +242,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     heldout = heldout_for(rt, model, traces, what="moe_ep")
     cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"])
     console.print(f"all-to-all model: {cm_how}")
+    colo, colo_how = _colocation(rt, ep, measuring=True, progress=progress)
+    console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
 
     from sim.distributed.ep_layer import MEASURED_SEGMENTS, run_ep_phases  # noqa: PLC0415
 
@@ -252,12 +268,16 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
     rows, per_point = [], []
     for pt, meas in zip(points, measured["cases"]):
-        held = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm)
-        lookup = predict_ep_step(pt["cfg"], pt["plan"], lookup_times, cm)
+        held = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm, colocation=colo)
+        lookup = predict_ep_step(pt["cfg"], pt["plan"], lookup_times, cm, colocation=colo)
         row, point = _score_point(pt, held, lookup, meas, MEASURED_SEGMENTS)
+        if colo is not None:  # the same held-out prediction as if each rank ran alone
+            alone = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm)
+            row["pred_alone_L3_s"] = alone.step_s("L3")
         rows.append(row)
         per_point.append(point)
     df = pd.DataFrame(rows)
+    details["colocation"] = _colocation_details(df, colo, colo_how, ep["colocation"])
     lookup_df = add_errors(df[["backend", "measured_s"]].assign(
         **{f"pred_{lv}_s": df[f"pred_lookup_{lv}_s"] for lv in LEVELS}))
     df = add_errors(df)
@@ -290,6 +310,52 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     print_summary(summ)
     console.print(f"outputs in {out}")
     return summ
+
+
+def _colocation(rt: Runtime, ep: Mapping[str, Any], *, measuring: bool, progress: bool = False,
+                profile: Any = None) -> tuple[Any, str]:
+    """``ep.colocation``'s factors for the ranks' cores (``costmodel.colocation.resolve_colocation``):
+    the profile's (measured first when missing and measuring), measured anew, or none;
+    ``profile``: the folder predicted from (measure=false; default this device's profile)."""
+    from costmodel.collectives.workers import pick_cores  # noqa: PLC0415
+    from costmodel.colocation import resolve_colocation  # noqa: PLC0415
+    from costmodel.colocation.measure import quick_timing  # noqa: PLC0415
+
+    if ep["colocation"] == "off":
+        return None, "ep.colocation=off: every rank's kernels predicted as measured alone"
+    cores, note = pick_cores(ep["world_size"]) if measuring else (None, "")
+    if measuring and cores is None:
+        return None, f"ep.colocation={ep['colocation']}: the ranks are {note}, so no placement to measure; predicted alone"
+    profile = profile if profile is not None else rt.open_profile(create=measuring)
+    with rt.measuring("moe_ep: co-location factors") if measuring else _nothing():
+        colo, how = resolve_colocation(ep["colocation"], profile, measuring=measuring, cores=cores, field="ep.colocation",
+                                       timing=quick_timing(rt.timing), measure_lock=False, progress=progress)
+    if colo is not None and not measuring:
+        how += (f"; measured on {colo.placement.get('id', '?')}, applied to W={ep['world_size']} ranks "
+                "(more co-running ranks may slow each other more: extrapolated)")
+    return colo, how
+
+
+def _nothing():
+    from contextlib import nullcontext  # noqa: PLC0415
+
+    return nullcontext()
+
+
+def _colocation_details(df: pd.DataFrame, colo: Any, how: str, mode: str) -> dict[str, Any]:
+    """``details.colocation``: the mode, the factors, and the held-out L3 error with and without them."""
+    out: dict[str, Any] = {"mode": mode, "how": how, "applied": colo is not None}
+    if colo is None:
+        return out
+    out.update(colo.to_dict())
+    meas = df["measured_s"].to_numpy(dtype=float)
+    with_ = 100 * np.abs(df["pred_L3_s"].to_numpy(dtype=float) / meas - 1)
+    without = 100 * np.abs(df["pred_alone_L3_s"].to_numpy(dtype=float) / meas - 1)
+    out["median_ape_L3_pct"] = float(np.median(with_))
+    out["median_ape_L3_pct_alone"] = float(np.median(without))
+    out["median_pred_over_measured_L3"] = float(np.median(df["pred_L3_s"] / df["measured_s"]))
+    out["median_pred_over_measured_L3_alone"] = float(np.median(df["pred_alone_L3_s"] / df["measured_s"]))
+    return out
 
 
 def _measured_timeline(phase_s: np.ndarray, segments: Sequence[str]) -> dict[str, Any]:
@@ -428,7 +494,7 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
 
 
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, Any]], details: dict[str, Any],
-                  out: Path) -> dict[str, Any]:
+                  out: Path, ep: Mapping[str, Any]) -> dict[str, Any]:
     W = details["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     cm, how = collective_model_for(W, BACKEND, rt.profile_root)
@@ -437,9 +503,11 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
         cm = whatif_from(base, W)
         how = f"{base_how}; latency-bandwidth with its W=2 alpha and beta, extrapolated to W={W}"
     times = cost_model_kernel_times(model)
+    colo, colo_how = _colocation(rt, ep, measuring=False, profile=rt.profile_root / model.fingerprint.id)
+    console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
     rows, per_point = [], []
     for pt in points:
-        pred = predict_ep_step(pt["cfg"], pt["plan"], times, cm)
+        pred = predict_ep_step(pt["cfg"], pt["plan"], times, cm, colocation=colo)
         rows.append({"point": pt["point"], "value": pt["value"], "placement": pt["placement"], "backend": pt["backend"],
                      **pt["routing"].metrics(), "plan_skew_share": pt["plan"].skew_share,
                      **{f"pred_{lv}_s": pred.step_s(lv) for lv in LEVELS},
@@ -452,7 +520,10 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
     df = pd.DataFrame(rows)
     note = f"predict-only what-if at W={W}: the all-to-all model extrapolates ({how})"
     console.print(f"[yellow]{note}[/]")
-    details = {**details, "extrapolates": note, "collective_model": {"how": how, **(cm.to_dict() if hasattr(cm, "to_dict") else {})},
+    details = {**details, "extrapolates": note, "colocation": {"mode": ep["colocation"], "how": colo_how,
+                                                               "applied": colo is not None,
+                                                               **(colo.to_dict() if colo is not None else {})},
+               "collective_model": {"how": how, **(cm.to_dict() if hasattr(cm, "to_dict") else {})},
                "ep": {"points": per_point, "placement_gains": _predicted_gains(df)},
                "predictions": df[["value", "placement", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
     summ = predict_only_summary("moe_ep", model.fingerprint.describe(), df, details=details)

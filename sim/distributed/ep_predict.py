@@ -19,6 +19,13 @@ project's cost model, ``sim.simulator.predict_traces``); collective seconds from
 collective model with ``predict_all_to_all_s(send_bytes [W, W], level) -> [W]`` seconds each
 rank spends in the call (``costmodel.collectives``, or a latency-bandwidth model).
 
+**Co-location** (optional ``colocation``, ``costmodel.colocation.ColocationFactors``): the
+ranks share one host, so each runs its kernels while the others run theirs; the profile was
+measured with one process alone. Every kernel's predicted seconds are multiplied by its
+family's measured factor (median of beside / alone, ``costmodel.colocation``), at every
+level; the collectives are not (they are measured between the processes already). None
+predicts every rank as if it ran alone.
+
 Levels, as the project's (docs/method.md): L0 and L1 are FLOPs-only (FLOPs / peak, FLOPs /
 per-family achieved rate) and a collective moves no FLOPs, so it costs 0 s there (the waits
 still apply); L2 is the kernels' roofline plus the collective model's ``L2`` (latency +
@@ -287,9 +294,14 @@ def rank_timelines(compute_s: Sequence[Mapping[str, float]], collectives: Mappin
 
 
 def _level_timelines(kernels: list[dict[str, list[KernelSpec]]], comm: Mapping[str, Sequence[np.ndarray]],
-                     kernel_times: KernelTimes, collective_model: Any, levels: Sequence[str]) -> dict[str, list[RankTimeline]]:
+                     kernel_times: KernelTimes, collective_model: Any, levels: Sequence[str],
+                     colocation: Any = None) -> dict[str, list[RankTimeline]]:
     W = len(kernels)
     traces = [kernels[r][p] for r in range(W) for p in PHASES]
+    if colocation is not None:
+        from costmodel.colocation import colocated_kernel_times  # noqa: PLC0415
+
+        kernel_times = colocated_kernel_times(kernel_times, colocation)
     seconds = kernel_times(traces)
     out = {}
     for lv in levels:
@@ -301,19 +313,22 @@ def _level_timelines(kernels: list[dict[str, list[KernelSpec]]], comm: Mapping[s
 
 
 def predict_ep_step(cfg: MoEConfig, plan: EPPlan, kernel_times: KernelTimes, collective_model: Any, *,
-                    levels: Sequence[str] = LEVELS) -> EPStepPrediction:
-    """The predicted step of ``plan`` (and of its balanced counterpart) at every level."""
+                    levels: Sequence[str] = LEVELS, colocation: Any = None) -> EPStepPrediction:
+    """The predicted step of ``plan`` (and of its balanced counterpart) at every level;
+    ``colocation`` (``ColocationFactors`` or None): each kernel times its family's factor."""
     W = plan.world_size
     L = plan.placement.max_slots_per_rank()
     counts = np.full((W, W), float(L * COUNT_BYTES))
     actual = {"dispatch": [counts, plan.dispatch_bytes.astype(np.float64)], "combine": [plan.combine_bytes.astype(np.float64)]}
     even = {"dispatch": [counts, balanced_bytes(plan.dispatch_bytes)], "combine": [balanced_bytes(plan.combine_bytes)]}
-    timelines = _level_timelines(ep_rank_kernels(cfg, plan), actual, kernel_times, collective_model, levels)
-    bal = _level_timelines(ep_rank_kernels(cfg, plan, balanced=True), even, kernel_times, collective_model, levels)
+    timelines = _level_timelines(ep_rank_kernels(cfg, plan), actual, kernel_times, collective_model, levels, colocation)
+    bal = _level_timelines(ep_rank_kernels(cfg, plan, balanced=True), even, kernel_times, collective_model, levels,
+                           colocation)
     extrapolating = None
     if hasattr(collective_model, "extrapolating"):
         notes = [collective_model.extrapolating(m) for m in (plan.dispatch_bytes, plan.combine_bytes, counts)]
         extrapolating = "; ".join(n for n in notes if n) or None
     return EPStepPrediction(timelines=timelines, balanced_step_s={lv: max(t.end_s for t in tl) for lv, tl in bal.items()},
                             collective_extrapolating=extrapolating,
-                            meta={"world_size": W, "slots_per_rank": L, "backend": cfg.backend})
+                            meta={"world_size": W, "slots_per_rank": L, "backend": cfg.backend,
+                                  "colocation": None if colocation is None else colocation.to_dict()["factors"]})

@@ -155,3 +155,40 @@ def test_every_backend_writes_its_expert_kernels_from_its_own_trace(backend):
     assert families[0] == "sort" and families[-1] == "scatter"
     assert kernels[0]["combine"] == []  # the combine phase is its all-to-all only
     assert moe_backend(backend).name == backend
+
+
+def test_a_colocation_factor_of_two_doubles_the_experts_phase_and_nothing_else():
+    from dataclasses import replace
+
+    from costmodel.colocation import ColocationFactors
+
+    cfg = replace(CFG, backend="grouped")  # grouped_gemm runs only in the experts phase
+    plan = plan_expert_parallel(cfg, IDS, world_size=2, placement="contiguous")
+    cm = FakeCollectives([1e-6, 2e-6])
+    twice = ColocationFactors.constant({"grouped_gemm": 2.0})
+    alone = predict_ep_step(cfg, plan, flops_times, cm)
+    beside = predict_ep_step(cfg, plan, flops_times, cm, colocation=twice)
+    kernels = ep_rank_kernels(cfg, plan)
+    for r in range(2):
+        a, b = alone.timelines["L3"][r], beside.timelines["L3"][r]
+        grouped = float(flops_times([[s for s in kernels[r]["experts"] if s.family == "grouped_gemm"]])["L3"][0])
+        assert grouped > 0
+        assert b.compute_s["experts"] == pytest.approx(a.compute_s["experts"] + grouped)  # its grouped GEMMs twice
+        for p in PHASES:
+            assert b.collective_s[p] == a.collective_s[p]  # collectives untouched
+            if p != "experts":
+                assert b.compute_s[p] == pytest.approx(a.compute_s[p])
+
+    def experts_gemm_times(traces):  # only the grouped GEMMs cost time: the experts phase is them alone
+        per = np.array([sum(s.flops() / 1e6 for s in t if s.family == "grouped_gemm") for t in traces])
+        return {lv: per.copy() for lv in ("L0", "L1", "L2", "L3")}
+
+    alone = predict_ep_step(cfg, plan, experts_gemm_times, cm)
+    beside = predict_ep_step(cfg, plan, experts_gemm_times, cm, colocation=twice)
+    for lv in ("L0", "L3"):
+        for a, b in zip(alone.timelines[lv], beside.timelines[lv]):
+            assert a.compute_s["experts"] > 0 and b.compute_s["experts"] == pytest.approx(2 * a.compute_s["experts"])
+            assert {p: b.compute_s[p] for p in PHASES if p != "experts"} == \
+                   {p: a.compute_s[p] for p in PHASES if p != "experts"}
+            assert b.collective_s == a.collective_s
+    assert beside.meta["colocation"] == {"grouped_gemm": 2.0}
