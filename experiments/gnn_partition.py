@@ -281,7 +281,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
                   f"{', caches evicted before each step' if cold else ''}")
     measured = run_partition_forward([(pt["cfg"], pt["plan"], pt["edge_index"]) for pt in points], x, world_size=W,
                                      seed=rt.seed, repeats=part["repeats"], warmup=part["warmup"],
-                                     rounds=part["rounds"], cold=cold, timeout_s=float(part["timeout_s"]))
+                                     rounds=part["rounds"], cold=cold, allocator=str(cfg.get("allocator", "steady")),
+                                     timeout_s=float(part["timeout_s"]))
     console.print(f"ranks: {measured['note']}")
     details["ranks"] = measured["note"]
     details["collective_model"] = {"how": cm_how, "levels": list(getattr(cm, "levels", ()))}

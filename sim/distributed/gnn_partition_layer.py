@@ -41,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from costmodel import ops
+from costmodel.allocator import configure_allocator
 from costmodel.timing import TimingConfig, evict_caches
 from sim.distributed.gnn_partition_predict import PHASES, check_plan_for_layer, local_config
 from sim.distributed.graph_partition import PartitionPlan
@@ -152,10 +153,15 @@ Case = tuple[GNNConfig, PartitionPlan, Any]  # (config, plan, edge index [2, E])
 
 
 def partition_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
-                     repeats: int = 0, warmup: int = 1, rounds: int = 1, cold: bool = True) -> dict[str, Any]:
+                     repeats: int = 0, warmup: int = 1, rounds: int = 1, cold: bool = True,
+                     allocator: str = "steady") -> dict[str, Any]:
     """One rank: its output shard of every case and, with ``repeats`` > 0, ``rounds`` passes
     over the cases each timing ``repeats`` steps of every case (``time_phases``), so slow
-    drift of a shared machine spreads over the cases."""
+    drift of a shared machine spreads over the cases. ``allocator``: the host allocator mode
+    (``costmodel.allocator``; part of the profile's fingerprint), applied first: a spawned
+    rank starts with glibc's default, whose fresh pages per large tensor made the big local
+    layers 2.3x slower than the same layer in a process with the profile's ``steady`` mode."""
+    configure_allocator(allocator)
     layers, bufs, outputs = [], [], []
     for i, (cfg, plan, edge_index) in enumerate(cases):
         if plan.world_size != world_size:
@@ -176,7 +182,8 @@ def partition_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nd
 
 
 def run_partition_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, repeats: int = 0,
-                          warmup: int = 1, rounds: int = 1, cold: bool = True, timeout_s: float = 120.0) -> dict[str, Any]:
+                          warmup: int = 1, rounds: int = 1, cold: bool = True, allocator: str = "steady",
+                          timeout_s: float = 120.0) -> dict[str, Any]:
     """The partitioned layer on ``world_size`` gloo processes for each (config, plan, edge
     index) case, in one launch: full [N, F_out] outputs per case (each rank's rows put back
     at its nodes' ids), per case and round each rank's phase times and the step
@@ -188,7 +195,7 @@ def run_partition_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: i
         check_plan_for_layer(cfg, plan)
     if repeats:
         _check_repeats(warmup, repeats)
-    run = run_ep(world_size, partition_worker, (list(cases), x, seed, repeats, warmup, rounds, cold),
+    run = run_ep(world_size, partition_worker, (list(cases), x, seed, repeats, warmup, rounds, cold, allocator),
                  timeout_s=timeout_s)
     outputs = []
     for i, (cfg, plan, _) in enumerate(cases):
