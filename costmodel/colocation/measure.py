@@ -45,10 +45,12 @@ log = logging.getLogger(__name__)
 PER_FAMILY = (2, 4)  # allowed kernels per family
 DEFAULT_PER_FAMILY = 3  # small, mid, large by bytes
 DEFAULT_MAX_CALL_S = 0.02  # profiled median above this: too slow to repeat within the budget
-#: the measurement's timing: the project's defaults (conf/base.yaml) in 4 short rounds of each condition, so a
-#: spell of other load on the machine hits one round, not a whole condition
-DEFAULT_TIMING = TimingConfig(rounds=4)
+#: the measurement's timing: the project's defaults (conf/base.yaml) in 6 short rounds of each condition, so a
+#: spell of other load on the machine hits a round or two, not a whole condition (on the busy 2-core VM, with 4
+#: rounds, single rounds beside ran 2-5x slower while a test suite shared the cores; the median of 6 holds)
+DEFAULT_TIMING = TimingConfig(rounds=6)
 TWIN_MAX_S = 60.0  # a twin never runs longer than this beside one measurement
+BUSY_LOAD = 0.5  # 1-minute load average above this before a run: warn that others share the cores
 
 
 def check_cores(cores: object) -> tuple[int, ...]:
@@ -148,6 +150,12 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
         from contextlib import nullcontext
         ctx = nullcontext({})
     load_before = _loadavg()
+    if load_before and load_before[0] > BUSY_LOAD:
+        log.warning("colocation: load average %.2f before measuring: other processes share these cores and their "
+                    "spells show up as noise in the ratios (rerun when uptime shows little else)", load_before[0])
+        if progress:
+            print(f"colocation: warning: load average {load_before[0]:.2f} before measuring; other processes on these "
+                  "cores add noise to the ratios", flush=True)
     start = time.monotonic()
     from costmodel.colocation.rank import measure_pairs
     with ctx:
@@ -188,6 +196,6 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
 
 
 def quick_timing(timing: TimingConfig) -> TimingConfig:
-    """An experiment's ``timing`` for the measurement: one more round than it uses (the default
-    3 -> 4, as ``DEFAULT_TIMING``), at least 2 (one per order of the conditions), at most 4."""
-    return replace(timing, rounds=max(2, min(4, timing.rounds + 1)))
+    """An experiment's ``timing`` for the measurement: ``DEFAULT_TIMING``'s rounds where the
+    experiment times with 3 or more (the defaults), else 2 (one per order of the conditions)."""
+    return replace(timing, rounds=DEFAULT_TIMING.rounds if timing.rounds >= 3 else 2)
