@@ -254,7 +254,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     measured = run_ep_phases([(pt["cfg"], pt["plan"], pt["routing"]) for pt in points], x,
                              world_size=ep["world_size"], seed=rt.seed, warmup=ep["warmup"], repeats=ep["repeats"],
                              evict_bytes=evict, a2a_sizes=A2A_GRID if cm is None else (),
-                             timeout_s=float(ep["timeout_s"]))
+                             timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")))
     console.print(f"ranks: {measured['note']}")
     if cm is None:
         cm = fit_grid(measured["a2a"], ep["world_size"])

@@ -228,15 +228,21 @@ MEASURED_SEGMENTS = ("router", "dispatch_prep", "dispatch_a2a", "experts", "comb
 
 def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
                     warmup: int = 2, repeats: int = 10, evict_bytes: int = 0,
-                    a2a_sizes: Sequence[int] = ()) -> dict[str, Any]:
+                    a2a_sizes: Sequence[int] = (), allocator: str = "steady") -> dict[str, Any]:
     """One rank: for each case, ``time_step`` of the phase-timed layer and the rank's
     [repeats, len(MEASURED_SEGMENTS)] segment seconds; with ``evict_bytes`` > 0 a buffer that
     large is written before every repeat (untimed), so each step starts from cold caches.
     ``a2a_sizes``: first time uniform all-to-alls of these bytes per peer
-    (``ep_collectives.time_all_to_all_grid``, for a collective model fitted in the same launch)."""
+    (``ep_collectives.time_all_to_all_grid``, for a collective model fitted in the same launch).
+    ``allocator``: the profile's host allocator mode (``costmodel.allocator``, part of its
+    fingerprint), applied first: a spawned rank starts with glibc's default, whose fresh pages
+    per large tensor made partitioned GNN layers 2.3x slower than under ``steady``."""
     from sim.distributed.ep_collectives import time_all_to_all_grid  # noqa: PLC0415
 
+    from costmodel.allocator import configure_allocator  # noqa: PLC0415
     from costmodel.timing import TimingConfig, evict_caches  # noqa: PLC0415
+
+    configure_allocator(allocator)
 
     evict_cfg = TimingConfig(cpu_evict_bytes=int(evict_bytes)) if evict_bytes else None
     before = (lambda: evict_caches(torch.device("cpu"), evict_cfg)) if evict_cfg is not None else None
@@ -261,7 +267,7 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
 
 def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, warmup: int = 2,
                   repeats: int = 10, evict_bytes: int = 0, a2a_sizes: Sequence[int] = (),
-                  timeout_s: float = 600.0) -> dict[str, Any]:
+                  timeout_s: float = 600.0, allocator: str = "steady") -> dict[str, Any]:
     """Every case timed on ``world_size`` gloo processes in one launch: per case the
     slowest-rank step ``Measurement`` and each rank's [repeats, segments] phase seconds;
     ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first."""
@@ -269,7 +275,8 @@ def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed
         if x.shape != (cfg.tokens, cfg.d_model):
             raise ValueError(f"case {i}: x must be [moe.tokens={cfg.tokens}, moe.d_model={cfg.d_model}], "
                              f"got {list(x.shape)}")
-    run = run_ep(world_size, ep_phase_worker, (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes)),
+    run = run_ep(world_size, ep_phase_worker,
+                 (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator),
                  timeout_s=timeout_s)
     per_case = [{"step": run.results[0]["cases"][i]["step"],
                  "phase_s": [r["cases"][i]["phase_s"] for r in run.results]} for i in range(len(cases))]
