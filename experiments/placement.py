@@ -16,6 +16,11 @@ and measured latencies, then run every placement for real and compare the makesp
 3. ``sim.placement.place`` by each level in ``placement.levels`` and by the oracle (the
    measured latencies): predicted makespan, realised makespan (the placement's makespan
    under the measured latencies) and regret against the oracle's realised makespan.
+   Where the devices run together (pairwise disjoint cores), each 1-thread device's level
+   predictions are multiplied per kernel family by the co-location factors of its profile
+   (``costmodel.colocation``: measured alone and beside a twin on another core;
+   ``placement.colocation``: ``profile``, the default, uses them where measured, ``off``
+   ignores them); the oracle's measured latencies were taken alone and stay as they are.
 4. ``sim.executor.run_placements`` runs each distinct placement for real (one pinned worker
    process per device, started together; devices whose cores overlap run alone, one after
    the other): the measured makespan and its regret against the oracle's.
@@ -53,6 +58,8 @@ from sim.placement import SOLVERS, Device, Placement, PlacementError, PlacementW
 from sim.placement_workloads import calibration_suite  # noqa: E402
 
 ORACLE = "oracle"
+#: ``placement.colocation``: profile (the devices' profiles' co-location factors where measured) | off
+COLOCATION_MODES = ("profile", "off")
 
 
 #: builders ``placement_mix`` may name as ``_target_`` (each returns a ``sim.placement.PlacementWorkload``)
@@ -150,6 +157,42 @@ def device_settings(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
 MAX_ENUMERATED = 2**18
 
 
+def colocated_devices(devices: Sequence[Device], rt: Runtime, mode: str, together: bool
+                      ) -> tuple[list[Device], dict[str, Any]]:
+    """The devices with the co-location factors of their profiles attached where they run
+    together: 1-thread devices on one core each, factors measured for that core first
+    (``costmodel.colocation.load_colocation``), else for any placement of the profile."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from costmodel.colocation import load_colocation  # noqa: PLC0415
+
+    out: dict[str, Any] = {"mode": mode, "applied": {}}
+    if mode == "off" or not together or len(devices) < 2:
+        why = "placement.colocation=off" if mode == "off" else "the devices do not run together"
+        out["how"] = f"not applied ({why}): level predictions as measured alone"
+        return list(devices), out
+    result, notes = [], []
+    for d in devices:
+        if d.threads != 1 or d.cores is None or len(d.cores) != 1:
+            notes.append(f"{d.name}: not applied ({d.threads} thread(s) on cores {d.cores}; factors are measured "
+                         "for 1-thread ranks on one core each)")
+            result.append(d)
+            continue
+        folder = rt.profile_root / d.fingerprint.id
+        others = tuple(c for o in devices if o is not d for c in (o.cores or ()))
+        found = load_colocation(folder, cores=(*d.cores, *others)) or load_colocation(folder)
+        if found is None:
+            notes.append(f"{d.name}: no co-location factors in {folder} (python -m costmodel.colocation measure "
+                         f"threads=1); predicted as alone")
+            result.append(d)
+            continue
+        out["applied"][d.name] = found.to_dict()
+        notes.append(f"{d.name}: {found.describe()}")
+        result.append(replace(d, colocation=found))
+    out["how"] = "; ".join(notes)
+    return result, out
+
+
 def tied_placements(cost_s: np.ndarray, measured_s: np.ndarray, *, rel_tol: float = 1e-9) -> dict[str, Any] | None:
     """Every placement that is optimal under ``cost_s`` (all ties, by enumeration), and the
     range of their realised regret under ``measured_s`` against the best realised makespan:
@@ -199,14 +242,17 @@ def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[PlacementWorkload], d
     cfg = config_dict(cfg)
     device = check_common(cfg)
     p = cfg.get("placement")
-    allowed = {"variant", "device_sets", "levels", "solver", "exact_max_binaries", "time_limit_s", "repeats"}
+    optional = {"colocation"}
+    allowed = {"variant", "device_sets", "levels", "solver", "exact_max_binaries", "time_limit_s", "repeats", *optional}
     if not isinstance(p, Mapping):
         raise PlacementError(f"placement must be a mapping with keys {sorted(allowed)}, got {p!r}")
-    unknown, missing = sorted(set(p) - allowed), sorted(allowed - set(p))
+    unknown, missing = sorted(set(p) - allowed), sorted(allowed - optional - set(p))
     if unknown or missing:
         raise PlacementError("placement: " + (f"unknown key(s) {unknown}" if unknown else f"missing key(s) {missing}")
                              + f"; allowed: {sorted(allowed)}")
     levels = placement_levels(p["levels"])
+    if p.get("colocation", "profile") not in COLOCATION_MODES:
+        raise PlacementError(f"placement.colocation must be one of {list(COLOCATION_MODES)}, got {p['colocation']!r}")
     repeats = p["repeats"]
     if not _is_int(repeats) or repeats < 1:
         raise PlacementError(f"placement.repeats must be a positive integer, got {repeats!r}")
@@ -279,6 +325,9 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         return float(measured[index_w[w.name], index_d[d.name]])
 
     oracle.__name__ = ORACLE
+    together = devices_can_run_together(devices)
+    devices, colocation = colocated_devices(devices, rt0, p.get("colocation", "profile"), together)
+    console.print(f"co-location: {colocation['how']}")
     check_inputs(workloads, devices, oracle)
     solver_args = {"solver": p["solver"], "exact_max_binaries": int(p["exact_max_binaries"]),
                    "time_limit_s": float(p["time_limit_s"])}
@@ -286,7 +335,6 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     placements[ORACLE] = place(workloads, devices, oracle, **solver_args)
 
     # --- run every distinct placement for real
-    together = devices_can_run_together(devices)
     if not together:
         console.print("[yellow]the devices' cores overlap: each device runs its share alone, one after the other, and "
                       "a placement's measured makespan is the largest of their wall times (no contention between them)[/]")
@@ -337,6 +385,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     details = {
         "placement": results,
         "concurrent": together,
+        "colocation": colocation,
         "run_note": ("devices ran together, each pinned to its own cores" if together else
                      "the devices' cores overlap: each device ran its share alone and the makespan is the largest "
                      "of their wall times"),

@@ -53,8 +53,7 @@ GPU_COMMON=(device=cuda dtype=bfloat16 "profile.root=$WORK/profiles"
 GPU_BENCH=(suite=quick bench.progress=false)
 if [ "$DRY_RUN" = "1" ]; then
   # the same path on the CPU: float32, tiny sizes and timing budgets
-  COMMON=(device=cpu dtype=float32 "profile.root=$WORK/profiles"
-          timing.min_run_time_s=0.006 timing.min_runs=3 timing.rounds=1 timing.retries=0 timing.layer_min_calls=3)
+  COMMON=(device=cpu dtype=float32 "profile.root=$WORK/profiles" +timing_budget=tiny)  # conf/timing_budget/tiny.yaml
   BENCH=(suite=tiny bench.progress=false)
   # the tiny sizes of each experiment: conf/tiny/NAME.yaml (the tests' tiny forms), selected as +tiny=NAME
   declare -A SIZES=()

@@ -146,13 +146,18 @@ class Device:
     """A device as the placement sees it: a fitted profile, its memory, where it runs.
 
     ``cores`` pins a CPU "device" (a process with ``fingerprint.threads`` threads) to those
-    cores when it runs for real; None runs unpinned.
+    cores when it runs for real; None runs unpinned. ``colocation``
+    (``costmodel.colocation.ColocationFactors``, or None): the device shares its host with
+    others that run at the same time, so a level's prediction of each kernel is multiplied
+    by its family's measured co-location factor (``cost_matrix``); a callable predictor is
+    left as it is (it answers for itself).
     """
 
     name: str
     model: CostModel | None
     memory_bytes: int
     cores: tuple[int, ...] | None = None
+    colocation: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -285,12 +290,21 @@ def cost_matrix(workloads: Sequence[PlacementWorkload], devices: Sequence[Device
         from sim.simulator import TraceBatch, predict_traces
 
         batch = TraceBatch.from_traces([w.trace for w in workloads])
-        by_model: dict[int, np.ndarray] = {}  # id of a CostModel (alive for the call) -> its column
+        by_model: dict[tuple[int, int], np.ndarray] = {}  # ids of a CostModel and factors (alive for the call) -> column
         for d, dev in enumerate(devices):
             model = dev._fitted()
-            if id(model) not in by_model:
-                by_model[id(model)] = predict_traces(model, batch, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()
-            cost[:, d] = by_model[id(model)]
+            key = (id(model), id(dev.colocation))
+            if key not in by_model:
+                if dev.colocation is None:
+                    by_model[key] = predict_traces(model, batch, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()
+                else:  # each family's part of every trace times its factor
+                    from costmodel.colocation import colocated_kernel_times
+
+                    def times(traces: Sequence[Sequence[KernelSpec]], model: CostModel = model) -> dict[str, np.ndarray]:
+                        return {predict: predict_traces(model, traces, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()}
+
+                    by_model[key] = colocated_kernel_times(times, dev.colocation)([w.trace for w in workloads])[predict]
+            cost[:, d] = by_model[key]
     else:
         for d, dev in enumerate(devices):
             for i, w in enumerate(workloads):

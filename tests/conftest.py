@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from tiny_budget import TINY_TIMING
 
 from costmodel.measure.timing import TimingConfig
-
-#: fast enough for unit tests; these tests check behaviour, never speed
-TINY_TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1, layer_min_calls=3)
 
 
 @pytest.fixture

@@ -20,14 +20,20 @@ with its ``EPPlan`` (the same on every rank), ``EPMoELayer.forward``:
    splits reversed, a ``scale`` by the gates and an ``index_add`` into [T_r, D].
 
 Every compute op sits in the same ``kernel_scope`` as in ``MoELayer`` (the collectives are
-not a kernel family yet). The received counts are checked against the plan (ranks given
+not a kernel family yet). With ``time_phases=True`` each forward appends ``perf_counter``
+marks at the phase boundaries of ``sim.distributed.ep_predict.PHASES`` (start, router end,
+dispatch prep end, dispatch end, experts end, combine end, weighted-sum end) to
+``phase_marks``; off by default, and then the forward does nothing extra. The received counts are checked against the plan (ranks given
 different plans fail loudly instead of computing garbage). ``ep_forward_worker`` is the
 per-rank entry point for ``sim.distributed.launch.run_ep``; ``run_ep_forward`` runs several
-(config, plan, routing) cases in one launch and concatenates the shards.
+(config, plan, routing) cases in one launch and concatenates the shards; ``run_ep_phases``
+times several cases in one launch: per case the slowest-rank step (``time_step``) and each
+rank's per-repeat phase seconds.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -74,7 +80,8 @@ class LocalExperts(nn.Module):
 class EPMoELayer(nn.Module):
     """Rank ``rank``'s part of an expert-parallel MoE layer; inference only."""
 
-    def __init__(self, cfg: MoEConfig, plan: EPPlan, routing: Routing, *, rank: int, seed: int = 0) -> None:
+    def __init__(self, cfg: MoEConfig, plan: EPPlan, routing: Routing, *, rank: int, seed: int = 0,
+                 reference: MoELayer | None = None, time_phases: bool = False) -> None:
         super().__init__()
         W = plan.world_size
         if not isinstance(rank, int) or not 0 <= rank < W:
@@ -90,7 +97,12 @@ class EPMoELayer(nn.Module):
         self.local_slots = place.slots_of_rank(rank)
         self.slots_per_rank = place.max_slots_per_rank()  # L: the counts exchange sends L per rank
         self.backend = moe_backend(cfg.backend)
-        reference = MoELayer(cfg, seed=seed)  # the same draws as the single-device layer
+        if reference is None:
+            reference = MoELayer(cfg, seed=seed)  # the same draws as the single-device layer
+        elif reference.cfg != cfg:
+            raise ValueError(f"reference layer has config {reference.cfg}, the EP layer {cfg}")
+        #: perf_counter marks of every forward's phase boundaries (time_phases=True), else None
+        self.phase_marks: list[list[float]] | None = [] if time_phases else None
         self.router = nn.Parameter(reference.router.detach().clone(), requires_grad=False)
         self.experts = LocalExperts(cfg, reference, place.slot_expert[self.local_slots])
         del reference
@@ -114,6 +126,10 @@ class EPMoELayer(nn.Module):
         if x.shape != (self.shard_tokens, cfg.d_model):
             raise ValueError(f"rank {self.rank} input must be [shard tokens={self.shard_tokens}, "
                              f"d_model={cfg.d_model}], got {list(x.shape)}")
+        marks = None
+        if self.phase_marks is not None:
+            marks = [time.perf_counter()]
+            self.phase_marks.append(marks)
         # the router's kernels, paid and then overridden by the routing (as MoELayer with a routing)
         with kernel_scope("gemm"):
             logits = gemm(x, self.router)
@@ -121,6 +137,8 @@ class EPMoELayer(nn.Module):
             probs = softmax(logits)
         with kernel_scope("topk"):
             topk(probs, cfg.top_k)
+        if marks is not None:
+            marks.append(time.perf_counter())
         with kernel_scope("sort"):
             _, order = sort(self._key)
         with kernel_scope("histogram"):
@@ -132,6 +150,8 @@ class EPMoELayer(nn.Module):
         with kernel_scope("gather"):
             x_send = gather(x, token_idx)
 
+        if marks is not None:
+            marks.append(time.perf_counter())
         # dispatch: counts first (L per rank pair), then the rows with uneven splits
         recv_counts = torch.empty_like(send_counts)
         dist.all_to_all_single(recv_counts, send_counts)
@@ -139,6 +159,8 @@ class EPMoELayer(nn.Module):
         recv_split = recv_counts.view(W, L).sum(1).tolist()
         x_recv = x.new_empty(sum(recv_split), cfg.d_model)
         dist.all_to_all_single(x_recv, x_send, output_split_sizes=recv_split, input_split_sizes=send_split)
+        if marks is not None:
+            marks.append(time.perf_counter())
 
         n_local = len(self._expected_rows)
         slot_counts = recv_counts.view(W, L).sum(0).tolist()
@@ -156,14 +178,21 @@ class EPMoELayer(nn.Module):
             y_grouped = x_grouped
         with kernel_scope("scatter"):
             y_recv = scatter(y_grouped, perm, y_grouped.shape[0], reduce="copy", backend="index_copy")
+        if marks is not None:
+            marks.append(time.perf_counter())
 
         # combine: the same splits reversed, then gates and the sum over each token's experts
         y_back = x.new_empty(x_send.shape[0], cfg.d_model)
         dist.all_to_all_single(y_back, y_recv, output_split_sizes=send_split, input_split_sizes=recv_split)
+        if marks is not None:
+            marks.append(time.perf_counter())
         with kernel_scope("elementwise"):
             weighted = elementwise("scale", y_back, gates.unsqueeze(1))
         with kernel_scope("scatter"):
-            return scatter(weighted, token_idx, self.shard_tokens, reduce="sum", backend="index_add")
+            out = scatter(weighted, token_idx, self.shard_tokens, reduce="sum", backend="index_add")
+        if marks is not None:
+            marks.append(time.perf_counter())
+        return out
 
 
 Case = tuple[MoEConfig, EPPlan, Routing]
@@ -198,3 +227,65 @@ def run_ep_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: int, see
     run = run_ep(world_size, ep_forward_worker, (list(cases), x, seed, time_repeats), timeout_s=timeout_s)
     outputs = [np.concatenate([r["outputs"][i] for r in run.results]) for i in range(len(cases))]
     return {"outputs": outputs, "steps": [r["step"] for r in run.results], "note": run.note}
+
+
+#: measured segments of one forward (``phase_marks`` differences): the dispatch phase is
+#: its local prep plus the two all-to-alls (waits included), as ``ep_predict`` predicts it
+MEASURED_SEGMENTS = ("router", "dispatch_prep", "dispatch_a2a", "experts", "combine", "weighted_sum")
+
+
+def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
+                    warmup: int = 2, repeats: int = 10, evict_bytes: int = 0,
+                    a2a_sizes: Sequence[int] = (), allocator: str = "steady") -> dict[str, Any]:
+    """One rank: for each case, ``time_step`` of the phase-timed layer and the rank's
+    [repeats, len(MEASURED_SEGMENTS)] segment seconds; with ``evict_bytes`` > 0 a buffer that
+    large is written before every repeat (untimed), so each step starts from cold caches.
+    ``a2a_sizes``: first time uniform all-to-alls of these bytes per peer
+    (``ep_collectives.time_all_to_all_grid``, for a collective model fitted in the same launch).
+    ``allocator``: the profile's host allocator mode (``costmodel.measure.allocator``, part of its
+    fingerprint), applied first: a spawned rank starts with glibc's default, whose fresh pages
+    per large tensor made partitioned GNN layers 2.3x slower than under ``steady``."""
+    from sim.distributed.ep_collectives import time_all_to_all_grid  # noqa: PLC0415
+
+    from costmodel.measure.allocator import configure_allocator  # noqa: PLC0415
+    from costmodel.measure.timing import TimingConfig, evict_caches  # noqa: PLC0415
+
+    configure_allocator(allocator)
+
+    evict_cfg = TimingConfig(cpu_evict_bytes=int(evict_bytes)) if evict_bytes else None
+    before = (lambda: evict_caches(torch.device("cpu"), evict_cfg)) if evict_cfg is not None else None
+    a2a = time_all_to_all_grid(rank, world_size, a2a_sizes) if a2a_sizes else []
+    references: dict[MoEConfig, MoELayer] = {}
+    out = []
+    for i, (cfg, plan, routing) in enumerate(cases):
+        if plan.world_size != world_size:
+            raise ValueError(f"case {i}: plan is for ep.world_size={plan.world_size}, the run has {world_size}")
+        if cfg not in references:
+            references.clear()  # one reference's weights at a time
+            references[cfg] = MoELayer(cfg, seed=seed)
+        layer = EPMoELayer(cfg, plan, routing, rank=rank, seed=seed, reference=references[cfg], time_phases=True)
+        lo, hi = (int(b) for b in plan.token_bounds[rank : rank + 2])
+        x_local = torch.from_numpy(np.ascontiguousarray(x[lo:hi])).to(getattr(torch, cfg.dtype))
+        step = time_step(lambda: layer(x_local), warmup=warmup, repeats=repeats, before=before)
+        marks = np.asarray(layer.phase_marks[warmup:], dtype=np.float64)
+        out.append({"step": step, "phase_s": np.diff(marks, axis=1)})
+        del layer
+    return {"cases": out, "a2a": a2a}
+
+
+def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, warmup: int = 2,
+                  repeats: int = 10, evict_bytes: int = 0, a2a_sizes: Sequence[int] = (),
+                  timeout_s: float = 600.0, allocator: str = "steady") -> dict[str, Any]:
+    """Every case timed on ``world_size`` gloo processes in one launch: per case the
+    slowest-rank step ``Measurement`` and each rank's [repeats, segments] phase seconds;
+    ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first."""
+    for i, (cfg, _, _) in enumerate(cases):
+        if x.shape != (cfg.tokens, cfg.d_model):
+            raise ValueError(f"case {i}: x must be [moe.tokens={cfg.tokens}, moe.d_model={cfg.d_model}], "
+                             f"got {list(x.shape)}")
+    run = run_ep(world_size, ep_phase_worker,
+                 (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator),
+                 timeout_s=timeout_s)
+    per_case = [{"step": run.results[0]["cases"][i]["step"],
+                 "phase_s": [r["cases"][i]["phase_s"] for r in run.results]} for i in range(len(cases))]
+    return {"cases": per_case, "a2a": run.results[0]["a2a"], "note": run.note, "cores": run.cores}

@@ -26,8 +26,9 @@ MIN_REPEATS = 3  # a median and an IQR need them (TimingConfig.min_runs)
 
 
 def time_step(step: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
-              max_rel_iqr: float = TimingConfig.max_rel_iqr) -> Measurement:
-    """The slowest rank's time of ``step()``, ``repeats`` times after ``warmup`` untimed ones."""
+              max_rel_iqr: float = TimingConfig.max_rel_iqr, before: Callable[[], Any] | None = None) -> Measurement:
+    """The slowest rank's time of ``step()``, ``repeats`` times after ``warmup`` untimed ones;
+    ``before()`` (e.g. a cache eviction) runs untimed on every rank before each barrier."""
     if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup <= MAX_WARMUP:
         raise ValueError(f"warmup must be an integer in [0, {MAX_WARMUP}], got {warmup!r}")
     if not isinstance(repeats, int) or isinstance(repeats, bool) or not MIN_REPEATS <= repeats <= MAX_REPEATS:
@@ -36,6 +37,8 @@ def time_step(step: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
         raise RuntimeError("time_step runs inside a process group (sim.distributed.launch.run_ep)")
     times_s = []
     for i in range(warmup + repeats):
+        if before is not None:
+            before()
         dist.barrier()
         start = time.perf_counter()
         step()

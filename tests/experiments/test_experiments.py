@@ -15,7 +15,7 @@ EXPERIMENTS = sorted(p.stem for p in Path(CONF, "experiment").glob("*.yaml"))
 SUMMARY_KEYS = {"experiment", "device", "n_points", "noise_cv_pct", "median_ape_pct", "p90_ape_pct", "max_ape_pct",
                 "spearman", "details"}
 
-TINY_TIMING = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=1", "timing.retries=0", "timing.layer_min_calls=3", "progress=false"]
+TINY_TIMING = ["+timing_budget=tiny", "progress=false"]  # conf/timing_budget/tiny.yaml
 #: each experiment's tiny form: the config group conf/tiny/NAME.yaml, selected with +tiny=NAME
 #: (scripts/gpu_check.sh's CPU dry run selects the same files)
 TINY = {p.stem: [f"+tiny={p.stem}"] for p in sorted(Path(CONF, "tiny").glob("*.yaml"))}

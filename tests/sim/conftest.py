@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tiny_budget import tiny_timing_section
 from typing import Callable
 
 import pytest
@@ -18,7 +19,7 @@ def tiny_runtime(tmp_path) -> Callable[..., Runtime]:
         return Runtime.from_cfg({
             "device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
             "profile": {"root": str(tmp_path)},
-            "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": rounds, "max_rel_iqr": 0.5},
+            "timing": tiny_timing_section(rounds=rounds, max_rel_iqr=0.5),
             "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
 
     return make

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tiny_budget import tiny_timing_section
 import numpy as np
 import pandas as pd
 import pytest
@@ -86,7 +87,7 @@ def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path):
     suite = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096)]
     rt = Runtime.from_cfg({"device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
                            "profile": {"root": str(tmp_path)},
-                           "timing": {"min_run_time_s": 0.003, "min_runs": 3, "retries": 0, "rounds": 1, "max_rel_iqr": 0.5},
+                           "timing": tiny_timing_section(max_rel_iqr=0.5),
                            "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
     calibrated_model(rt, suite, suite_name="t", progress=False, refresh="never")
     profile = rt.open_profile()

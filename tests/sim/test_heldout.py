@@ -3,6 +3,7 @@ a clear error where the profile is too small, neighbours measured where a family
 
 from __future__ import annotations
 
+from tiny_budget import TINY_TIMING
 import pytest
 import torch
 
@@ -10,14 +11,13 @@ from costmodel.families.gemm import GemmSpec
 from costmodel.families.softmax import SoftmaxSpec
 from costmodel.families.sort import SortSpec
 from costmodel.families.topk import TopkSpec
-from costmodel.measure.timing import TimingConfig
 from experiments.workloads import Workload, evaluate_workloads
 from sim.calibration import calibrated_model
 from sim.heldout import (
     MIN_HELDOUT_ROWS, NEIGHBOURS_PER_FAMILY, HeldOutError, fit_heldout, heldout_table, neighbour_specs, neighbour_suite, trace_keys,
 )
 
-TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1, layer_min_calls=3)
+TIMING = TINY_TIMING
 SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
 TRACE = [GemmSpec(8, 32, 32), SortSpec(2048), GemmSpec(8, 32, 32)]
 

@@ -4,13 +4,13 @@ overhead not); the headline stays unscaled."""
 
 from __future__ import annotations
 
+from tiny_budget import TINY_TIMING
 import numpy as np
 import pandas as pd
 import pytest
 
 from costmodel.families.gemm import GemmSpec
 from costmodel.families.sort import SortSpec
-from costmodel.measure.timing import TimingConfig
 from experiments.workloads import Workload, evaluate_workloads
 from sim import heldout_drift
 from sim.calibration import calibrated_model
@@ -64,7 +64,7 @@ def test_family_drift_is_the_median_ratio_per_family_and_overall_for_the_rest():
         family_drift(refs, [1.0, 1.0, 1.0])
 
 
-TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=1, layer_min_calls=3)
+TIMING = TINY_TIMING
 
 
 def test_heldout_predictions_are_scaled_by_the_references_drift(tiny_runtime, monkeypatch):

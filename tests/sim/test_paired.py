@@ -3,6 +3,7 @@ are never scaled by their own refresh, and move the other rows of their family."
 
 from __future__ import annotations
 
+from tiny_budget import tiny_timing
 import time
 from dataclasses import replace
 
@@ -20,7 +21,7 @@ from experiments.workloads import Pairing, Workload, evaluate_workloads
 from sim.calibration import calibrated_model
 from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, layer_kernel_jobs, paired_order, record_paired
 
-TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2, layer_min_calls=3)
+TIMING = tiny_timing(rounds=2)
 SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
 
 

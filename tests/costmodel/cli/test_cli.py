@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 import torch
 
+from costmodel.measure.device import Fingerprint
+
 ROOT = Path(__file__).resolve().parents[3]
-TINY = ["timing.min_run_time_s=0.006", "timing.min_runs=3", "timing.rounds=2", "timing.retries=0", "timing.layer_min_calls=3"]
+TINY = ["+timing_budget=tiny", "timing.rounds=2"]  # conf/timing_budget/tiny.yaml, two rounds
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -211,6 +213,21 @@ def test_fit_names_and_counts_rejected_rows(profile_root, tmp_path):
     out = (done.stdout + done.stderr).replace("\n", "")
     assert f"measurements.csv:{lines}: has " in out and "cut short" in out
     assert "rejected 1 rows" in out and f"fitting on the {lines - 2} valid rows" in out
+
+
+def test_fit_evaluates_another_devices_profile_and_says_so(profile_root, tmp_path):
+    (folder,) = (profile_root / "profiles").iterdir()
+    copy = tmp_path / "other_device"
+    shutil.copytree(folder, copy)
+    fp = json.loads((copy / "fingerprint.json").read_text())
+    fp["device_name"] = "Some Other CPU"
+    fp["id"] = Fingerprint(**{k: v for k, v in fp.items() if k != "id"}).id  # a consistent foreign fingerprint
+    (copy / "fingerprint.json").write_text(json.dumps(fp))
+    done = _run("fit", f"fit.profile_path={copy}", f"hydra.run.dir={tmp_path / 'fit'}", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = (done.stdout + done.stderr).replace("\n", "")
+    assert "measured on another device" in out and "Some Other CPU" in out and "measures nothing" in out
+    assert json.loads((tmp_path / "fit" / "fit_report.json").read_text())["all"]["L3"]["n_test"] > 0
 
 
 def test_profile_root_that_is_a_file_is_one_clear_line(tmp_path):

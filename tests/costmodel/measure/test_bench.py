@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tiny_budget import tiny_timing
 from dataclasses import replace
 
 import pytest
@@ -13,10 +14,9 @@ from costmodel.families.histogram import HistogramSpec
 from costmodel.families.sort import SortSpec
 from costmodel.measure.bench import SizeLimits, measure_specs
 from costmodel.measure.device import fingerprint
-from costmodel.measure.timing import TimingConfig
 from costmodel.store.profile import DeviceProfile
 
-TIMING = TimingConfig(min_run_time_s=0.003, min_runs=3, retries=0, rounds=2)
+TIMING = tiny_timing(rounds=2)
 LIMITS = SizeLimits(max_flops=1e6, max_bytes=1e8)
 SPECS = [("grid", SortSpec(64)), ("grid", HistogramSpec(64, 4)), ("grid", GemmSpec(4, 8, 8)),
          ("grid", GemmSpec(512, 512, 512))]  # the last exceeds max_flops

@@ -1,0 +1,93 @@
+"""Command line: ``python -m costmodel.collectives bench|fit key=value ...``.
+
+    python -m costmodel.collectives bench world_size=2 [suite=collectives] [profile_root=profiles]
+                                          [allow_oversubscribe=false] [port=29500]
+    python -m costmodel.collectives fit [world_size=2] [backend=gloo] [profile_root=profiles]
+
+``suite`` is a name under conf/suite/ or a path to a yaml. ``fit`` prints the fitted L2
+parameters, the L3 class per op and the held-out report (docs/collectives.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+USAGE = __doc__.split("\n\n")[1]
+ALLOWED = {"bench": {"world_size", "suite", "profile_root", "allow_oversubscribe", "port", "timeout_s"},
+           "fit": {"world_size", "backend", "profile_root"}}
+
+
+def _parse(cmd: str, argv: list[str]) -> dict[str, str]:
+    out = {}
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in ALLOWED[cmd]:
+            raise SystemExit(f"{cmd}: arguments are key=value with key in {sorted(ALLOWED[cmd])}, got {arg!r}\n{USAGE}")
+        out[key] = value
+    return out
+
+
+def _int(args: dict, key: str, default: int | None) -> int | None:
+    if key not in args:
+        return default
+    try:
+        return int(args[key])
+    except ValueError:
+        raise SystemExit(f"{key} must be an integer, got {args[key]!r}") from None
+
+
+def suite_path(name: str) -> Path:
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml"):
+        return p
+    return Path(__file__).resolve().parents[2] / "conf" / "suite" / f"{name}.yaml"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; a bad argument or a failed run prints one clear message and returns 1."""
+    from costmodel.collectives.spec import CollectiveSpecError
+    from costmodel.collectives.store import CollectiveProfileError
+    from costmodel.collectives.workers import EPTimeoutError, EPWorkerError, WorkerSetupError
+    from costmodel.measure.device import ProfileMismatchError
+    try:
+        return _main(argv)
+    except (CollectiveSpecError, CollectiveProfileError, WorkerSetupError, EPWorkerError, EPTimeoutError,
+            ProfileMismatchError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in ALLOWED:
+        print(USAGE, file=sys.stderr)
+        return 2
+    cmd, args = argv[0], _parse(argv[0], argv[1:])
+    root = args.get("profile_root", "profiles")
+    if cmd == "bench":
+        from costmodel.collectives.bench import bench_collectives
+        w = _int(args, "world_size", None)
+        if w is None:
+            raise SystemExit(f"bench needs world_size=W\n{USAGE}")
+        over = args.get("allow_oversubscribe", "false").lower()
+        if over not in ("true", "false"):
+            raise SystemExit(f"allow_oversubscribe must be true or false, got {over!r}")
+        bench_collectives(w, suite_path(args.get("suite", "collectives")), root, allow_oversubscribe=over == "true",
+                          port=_int(args, "port", None),
+                          timeout_s=float(args["timeout_s"]) if "timeout_s" in args else None)
+        return 0
+    from costmodel.collectives.models import load_collective_model, to_json
+    from costmodel.collectives.report import fit_report
+    from costmodel.collectives.store import CollectiveProfile
+    model = load_collective_model(world_size=_int(args, "world_size", 2), backend=args.get("backend", "gloo"),
+                                  profile_root=root)
+    print(f"collective profile: {model.fingerprint['source']}")
+    print("fitted on all rows (L2 per op, L3 class chosen by grouped CV):")
+    print(to_json(model))
+    fit_report(CollectiveProfile.load(model.fingerprint["source"]).measurements())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,546 @@
+"""experiment=moe_ep: one MoE layer across W ranks (expert parallelism), predicted and measured.
+
+For every point of ``moe_skew``'s routing-concentration sweep (the same routing configs) and
+every expert placement (``ep.placements``: contiguous, round_robin, load_aware), the plan
+(``sim.distributed.ep_plan``) gives each rank's kernels and the bytes of its all-to-alls;
+``sim.distributed.ep_predict`` predicts each rank's timeline (router, dispatch, experts,
+combine, weighted sum; the bulk-synchronous wait rule at each all-to-all) at L0-L3, and the
+real layer (``sim.distributed.ep_layer``, W gloo processes, one thread each, pinned) is timed
+with its phase marks: per repeat the slowest rank's step (``step_timing.time_step``), per
+rank the median of each phase.
+
+Scoring (docs/method.md): the headline is **held out**: the local kernels predicted by models
+refitted without any kernel of this run's traces (``sim.heldout.fit_heldout``); the
+all-to-alls by the collective model of ``costmodel.collectives`` (its own profile, a grid of
+message sizes; the run's messages are not in it) or, while no collective profile exists, by a
+latency-bandwidth fit to a grid of uniform all-to-alls timed in the same launch
+(``sim.distributed.ep_collectives``). ``details.profile_lookup`` is the profile as loaded.
+No replay here (``calibration.paired`` applies to single-device layers).
+
+Co-location (``ep.colocation``): the W ranks share this host's cache and memory bandwidth,
+the profile was measured with one process alone; each rank's kernel predictions are
+multiplied by their family's measured factor (``costmodel.colocation``: the profile's
+colocation.json for the ranks' cores, ``profile`` measuring it first when missing,
+``measure`` anew, ``off`` none). The headline is scored with them; ``details.colocation``
+holds the factors and the held-out L3 error without them.
+
+Outputs: results.csv (one row per point x placement x backend), summary.json in the common
+schema plus ``details.ep`` (per point: per-rank timelines predicted and measured, straggler,
+skew share, the load-aware placement's gain over contiguous), ep_timelines.png and
+predicted_vs_measured.png.
+
+``measure=false``: a predict-only what-if at ``ep.whatif_world_size`` ranks (default 8),
+kernel model as fitted, collectives from a collective profile of that size if there is one,
+else a latency-bandwidth model fitted to the W=2 one; it says that it extrapolates.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+
+from costmodel.model.predictor import LEVELS  # noqa: E402
+from costmodel.measure.runtime import Runtime  # noqa: E402
+from experiments.common import (  # noqa: E402
+    add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
+    plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
+)
+from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
+from experiments.workloads import ape_summary, heldout_for  # noqa: E402
+from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
+from sim.distributed.ep_collectives import (  # noqa: E402
+    collective_model_for, fit_grid, load_fallback, save_fallback, whatif_from,
+)
+from sim.distributed.ep_plan import EPPlan, plan_expert_parallel  # noqa: E402
+from sim.distributed.ep_predict import (  # noqa: E402
+    PHASES, EPStepPrediction, cost_model_kernel_times, ep_traces, predict_ep_step,
+)
+from sim.distributed.expert_placement import PLACEMENTS, ExpertPlacement  # noqa: E402
+from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
+from sim.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
+from sim.routing import check_capacity_factor, route  # noqa: E402
+
+#: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
+MEASURES = "optional"
+BACKEND = "gloo"
+#: where the all-to-all model comes from (``ep.collectives``)
+COLLECTIVE_SOURCES = ("profile", "in_run")
+#: where the co-location factors come from (``ep.colocation``; ``costmodel.colocation.MODES``)
+COLOCATION_SOURCES = ("measure", "profile", "off")
+MAX_REPEATS = 200
+#: uniform all-to-all sizes (bytes per peer) of the in-launch latency-bandwidth fit
+A2A_GRID = (256, 2048, 16384, 131072, 1048576, 4194304)
+#: phases drawn in the timeline plot, one colour each (measured dispatch includes its waits)
+PHASE_COLOURS = {"router": "C0", "dispatch": "C1", "experts": "C2", "combine": "C3", "weighted_sum": "C4"}
+
+
+def _int_in(value: Any, field: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{field} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def _placements(value: Any, num_experts: int, world_size: int) -> list[str | ExpertPlacement]:
+    """``ep.placements``: names from PLACEMENTS, or {slots: [[experts of rank 0], ...]} (a hand-built placement)."""
+    if isinstance(value, (str, dict)):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"ep.placements must list at least one of {list(PLACEMENTS)} (or {{slots: [[...], ...]}}), "
+                         f"got {value!r}")
+    out: list[str | ExpertPlacement] = []
+    for i, p in enumerate(value):
+        if isinstance(p, dict):
+            slots = p.get("slots")
+            if not isinstance(slots, (list, tuple)) or len(slots) != world_size \
+                    or not all(isinstance(r, (list, tuple)) for r in slots):
+                raise ValueError(f"ep.placements[{i}].slots must list the experts of each of the ep.world_size="
+                                 f"{world_size} ranks, got {slots!r}")
+            experts = np.array([e for r in slots for e in r], dtype=np.int64)
+            ranks = np.array([r for r, es in enumerate(slots) for _ in es], dtype=np.int64)
+            try:
+                out.append(ExpertPlacement("custom", num_experts, world_size, experts, ranks))
+            except ValueError as err:
+                raise ValueError(f"ep.placements[{i}]: {err}") from None
+        elif p in PLACEMENTS:
+            out.append(p)
+        else:
+            raise ValueError(f"ep.placements[{i}] must be one of {list(PLACEMENTS)} (or {{slots: [[...], ...]}}), "
+                             f"got {p!r}")
+    return out
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[str, Any]:
+    """The ``ep`` block: world size (measured: one pinned core per rank), placements, repeats."""
+    ep = cfg.get("ep") or {}
+    E = base.num_experts
+    W = _int_in(ep.get("world_size", 2), "ep.world_size", 2, E) if measuring else int(ep.get("world_size", 2))
+    if measuring:
+        cores = usable_cores()
+        if W > cores:
+            raise ValueError(f"ep.world_size={W} cannot be placed here: one pinned core per rank and this process "
+                             f"may use {cores} cores; allowed [2, {min(cores, E)}] (measure=false predicts any "
+                             f"ep.whatif_world_size)")
+    whatif = _int_in(ep.get("whatif_world_size", 8), "ep.whatif_world_size", 2, E)
+    ranks = W if measuring else whatif
+    placements = _placements(ep.get("placements", list(PLACEMENTS)), E, ranks)
+    for p in placements:
+        if p == "contiguous" and E % ranks:
+            raise ValueError(f"ep.placements: 'contiguous' needs moe.num_experts={E} divisible by "
+                             f"{'ep.world_size' if measuring else 'ep.whatif_world_size'}={ranks}")
+    out = {"world_size": ranks, "placements": placements,
+           "capacity_factor": check_capacity_factor(ep.get("capacity_factor")),
+           "warmup": _int_in(ep.get("warmup", 2), "ep.warmup", 0, 50),
+           "repeats": _int_in(ep.get("repeats", 15), "ep.repeats", 3, MAX_REPEATS),
+           "timeout_s": _int_in(ep.get("timeout_s", 600), "ep.timeout_s", 10, 3600),
+           "collectives": ep.get("collectives", "profile")}
+    if out["collectives"] not in COLLECTIVE_SOURCES:
+        raise ValueError(f"ep.collectives must be one of {list(COLLECTIVE_SOURCES)}, got {out['collectives']!r}")
+    out["colocation"] = ep.get("colocation", "profile")
+    if out["colocation"] not in COLOCATION_SOURCES:
+        raise ValueError(f"ep.colocation must be one of {list(COLOCATION_SOURCES)}, got {out['colocation']!r}")
+    if out["colocation"] == "measure" and not measuring:
+        raise ValueError("ep.colocation=measure needs measure=true (measure=false predicts only: use profile or off)")
+    return out
+
+
+def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None, dict[str, Any]]:
+    """Every check that needs no measuring: base keys, layer configs, routing sweep, the ep
+    block (world size against experts and cores, placements), memory."""
+    cfg = config_dict(cfg)
+    device = check_common(cfg)
+    measuring = check_measure_keys(cfg)
+    if device.type != "cpu":
+        raise ValueError(f"experiment=moe_ep runs its ranks as gloo processes on CPU; device must be cpu, got {device}")
+    configs = moe_configs(cfg, str(cfg["dtype"]))
+    generators = routing_generators(cfg)
+    capacity = check_capacity_factor(cfg["routing"].get("capacity_factor"))
+    ep = check_ep(cfg, configs[0], measuring)
+    base = configs[0]
+    if measuring:  # each rank builds the whole reference layer once, then its slots
+        check_fits_device(combine([moe_need(c) for c in configs] * (ep["world_size"] + 1)), device,
+                          what=f"the EP layers of moe_ep ({ep['world_size']} ranks)",
+                          knobs=["moe.d_model", "moe.d_ff", "moe.num_experts", "moe.tokens", "ep.world_size"])
+    return configs, generators, capacity, ep
+
+
+def _plan_points(cfg: Mapping[str, Any], rt: Runtime, configs: Sequence[MoEConfig], generators: Sequence[tuple[Any, Any]],
+                 capacity: float | None, ep: Mapping[str, Any]) -> list[dict[str, Any]]:
+    base = configs[0]
+    points = []
+    for i, (value, gen) in enumerate(generators):
+        routing = route(gen, tokens=base.tokens, num_experts=base.num_experts, top_k=base.top_k,
+                        seed=rt.seed + i, capacity_factor=capacity)
+        for p in ep["placements"]:
+            name = p if isinstance(p, str) else p.kind
+            for c in configs:
+                plan = plan_expert_parallel(c, routing, world_size=ep["world_size"], placement=p,
+                                            capacity_factor=ep["capacity_factor"])
+                points.append({"point": i, "value": value, "generator": type(gen).__name__, "placement": name,
+                               "backend": c.backend, "cfg": c, "routing": routing, "plan": plan})
+    return points
+
+
+def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile") -> tuple[Any, str]:
+    """The all-to-all model: ``ep.collectives=profile`` the collective profile (measured first
+    when missing and measuring, ~1 min at W=2); ``in_run`` (or no collectives package) None,
+    and the run fits a latency-bandwidth model to a grid timed in its own launch."""
+    if source == "in_run" and measuring:
+        return None, "ep.collectives=in_run: a latency-bandwidth all-to-all fitted to a grid timed in this launch"
+    cm, how = collective_model_for(W, BACKEND, rt.profile_root, measure_if_missing=measuring)
+    if cm is not None:
+        return cm, how
+    if measuring:
+        return None, how + "; fitting a latency-bandwidth all-to-all to a grid timed in this launch"
+    fallback = load_fallback(rt.open_profile(create=False).path, W, BACKEND)
+    if fallback is None:
+        raise ValueError(f"measure=false needs an all-to-all model for {BACKEND} W={W}: {how}, and no in-run fit "
+                         f"was saved yet; run experiment=moe_ep once with measure=true")
+    return fallback, "latency-bandwidth fit saved by an earlier measuring run (sim.distributed.ep_collectives)"
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    configs, generators, capacity, ep = validate(cfg)
+    rt = Runtime.from_cfg(cfg)
+    unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
+    configs = [c for c in configs if c.backend not in unavailable]
+    if not configs:
+        raise ValueError(f"no requested MoE backend can run here: {unavailable}")
+    measuring = check_measure_keys(cfg)
+    out = output_dir(cfg, out_dir)
+    progress = bool(cfg.get("progress", True))
+    points = _plan_points(cfg, rt, configs, generators, capacity, ep)
+    traces = [t for pt in points for t in ep_traces(pt["cfg"], pt["plan"])]
+    details: dict[str, Any] = {
+        "layer": {k: cfg["moe"][k] for k in ("tokens", "d_model", "d_ff", "num_experts", "top_k", "expert")},
+        "routing": cfg["routing"]["generator"].get("_target_"), "sweep_param": cfg["routing"]["sweep"]["param"],
+        "capacity_factor": capacity, "ep_capacity_factor": ep["capacity_factor"], "world_size": ep["world_size"],
+        "placements": sorted({pt["placement"] for pt in points}), "backends": [c.backend for c in configs],
+        "collective_backend": BACKEND,
+    }
+    if not measuring:
+        return _predict_only(cfg, rt, points, details, out, ep)
+
+    shard_cfgs = [MoEConfig(**{**c.__dict__, "tokens": math.ceil(c.tokens / ep["world_size"])}) for c in configs]
+    suite = moe_suite(list(configs) + shard_cfgs)
+    distinct = list({s.key(): s for t in traces for s in t}.values())
+    model = calibrated_model(rt, suite, suite_name="moe", progress=progress, heldout=distinct, **calibration_options(cfg))
+    heldout = heldout_for(rt, model, traces, what="moe_ep")
+    cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"])
+    console.print(f"all-to-all model: {cm_how}")
+    colo, colo_how = _colocation(rt, ep, measuring=True, progress=progress)
+    console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
+
+    from sim.distributed.ep_layer import MEASURED_SEGMENTS, run_ep_phases  # noqa: PLC0415
+
+    x = torch.randn(configs[0].tokens, configs[0].d_model, generator=torch.Generator().manual_seed(rt.seed)).numpy()
+    evict = int(rt.timing.cpu_evict_bytes) if rt.timing.cold_cache else 0
+    console.print(f"timing {len(points)} EP steps on {ep['world_size']} gloo processes ({ep['warmup']} warm-up + "
+                  f"{ep['repeats']} repeats each{', caches evicted before each step' if evict else ''})")
+    measured = run_ep_phases([(pt["cfg"], pt["plan"], pt["routing"]) for pt in points], x,
+                             world_size=ep["world_size"], seed=rt.seed, warmup=ep["warmup"], repeats=ep["repeats"],
+                             evict_bytes=evict, a2a_sizes=A2A_GRID if cm is None else (),
+                             timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")))
+    console.print(f"ranks: {measured['note']}")
+    if cm is None:
+        cm = fit_grid(measured["a2a"], ep["world_size"])
+        save_fallback(rt.open_profile().path, cm, BACKEND)
+        cm_how += (f": alpha {cm.alpha_s * 1e6:.1f} us, beta {cm.beta_bytes_per_s / 1e9:.2f} GB/s over "
+                   f"{len(measured['a2a'])} sizes")
+        details["collective_grid"] = [{"bytes_per_peer": b, "seconds": s} for b, s in measured["a2a"]]
+    details["collective_model"] = {"how": cm_how, **(cm.to_dict() if hasattr(cm, "to_dict") else {"fingerprint": getattr(cm, "fingerprint", None)})}
+    details["ranks"] = measured["note"]
+
+    held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
+    rows, per_point = [], []
+    for pt, meas in zip(points, measured["cases"]):
+        held = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm, colocation=colo)
+        lookup = predict_ep_step(pt["cfg"], pt["plan"], lookup_times, cm, colocation=colo)
+        row, point = _score_point(pt, held, lookup, meas, MEASURED_SEGMENTS)
+        if colo is not None:  # the same held-out prediction as if each rank ran alone
+            alone = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm)
+            row["pred_alone_L3_s"] = alone.step_s("L3")
+        rows.append(row)
+        per_point.append(point)
+    df = pd.DataFrame(rows)
+    details["colocation"] = _colocation_details(df, colo, colo_how, ep["colocation"])
+    lookup_df = add_errors(df[["backend", "measured_s"]].assign(
+        **{f"pred_{lv}_s": df[f"pred_lookup_{lv}_s"] for lv in LEVELS}))
+    df = add_errors(df)
+    df["pred_lookup_L3_s"] = lookup_df["pred_L3_s"]
+    df["ape_lookup_L3_pct"] = lookup_df["ape_L3_pct"]
+    df.attrs.update({"scoring": "held-out", "heldout": heldout.to_dict(), "profile_lookup": ape_summary(lookup_df),
+                     "rounds": 3, "freshness": dict(getattr(model, "freshness", {}) or {})})
+    gains = _placement_gains(df)
+    details["ep"] = {"points": per_point, "placement_gains": gains, "straggler": _straggler_summary(df),
+                     "wait_rule": "bulk-synchronous: an all-to-all ends on rank r at max over ranks of the entry "
+                                  "time + rank r's collective seconds (sim/distributed/ep_predict.py)"}
+    summ = summary("moe_ep", rt.fingerprint.describe(), df, details=details)
+    write_outputs(out, df, summ)
+    _plot_timelines(per_point, out / "ep_timelines.png", scoring="held out, L3", measured=True)
+    plot_predicted_vs_measured(df, out / "predicted_vs_measured.png",
+                               title=f"EP MoE step on {ep['world_size']} gloo ranks: predicted vs measured slowest rank",
+                               hue="placement")
+    print_table(df, {"value": "", "placement": "", "backend": "", "plan_skew_share": ".2f", "measured_s": "ms",
+                     "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
+                     "ape_L3_pct": ".1f", "straggler_pred": "", "straggler_measured": "", "straggler_clear": "",
+                     "skew_share_L3": ".2f"},
+                title=f"EP MoE step on {ep['world_size']} ranks vs {cfg['routing']['sweep']['param']} (ms; held out)")
+    if gains:
+        print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f", "predicted_gain_L3": ".2f",
+                                          "predicted_gain_L2": ".2f"},
+                    title="load_aware over contiguous: 1 - step(load_aware) / step(contiguous)")
+    st = details["ep"]["straggler"]
+    console.print(f"straggler predicted = measured at {st['agree']} of {st['clear_points']} points whose ranks differ "
+                  f"beyond their noise ({st['points']} points in all)")
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _colocation(rt: Runtime, ep: Mapping[str, Any], *, measuring: bool, progress: bool = False,
+                profile: Any = None) -> tuple[Any, str]:
+    """``ep.colocation``'s factors for the ranks' cores (``costmodel.colocation.resolve_colocation``):
+    the profile's (measured first when missing and measuring), measured anew, or none;
+    ``profile``: the folder predicted from (measure=false; default this device's profile)."""
+    from costmodel.collectives.workers import pick_cores  # noqa: PLC0415
+    from costmodel.colocation import resolve_colocation  # noqa: PLC0415
+    from costmodel.colocation.measure import quick_timing  # noqa: PLC0415
+
+    if ep["colocation"] == "off":
+        return None, "ep.colocation=off: every rank's kernels predicted as measured alone"
+    cores, note = pick_cores(ep["world_size"]) if measuring else (None, "")
+    if measuring and cores is None:
+        return None, f"ep.colocation={ep['colocation']}: the ranks are {note}, so no placement to measure; predicted alone"
+    profile = profile if profile is not None else rt.open_profile(create=measuring)
+    with rt.measuring("moe_ep: co-location factors") if measuring else _nothing():
+        colo, how = resolve_colocation(ep["colocation"], profile, measuring=measuring, cores=cores, field="ep.colocation",
+                                       timing=quick_timing(rt.timing), measure_lock=False, progress=progress)
+    if colo is not None and not measuring:
+        how += (f"; measured on {colo.placement.get('id', '?')}, applied to W={ep['world_size']} ranks "
+                "(more co-running ranks may slow each other more: extrapolated)")
+    return colo, how
+
+
+def _nothing():
+    from contextlib import nullcontext  # noqa: PLC0415
+
+    return nullcontext()
+
+
+def _colocation_details(df: pd.DataFrame, colo: Any, how: str, mode: str) -> dict[str, Any]:
+    """``details.colocation``: the mode, the factors, and the held-out L3 error with and without them."""
+    out: dict[str, Any] = {"mode": mode, "how": how, "applied": colo is not None}
+    if colo is None:
+        return out
+    out.update(colo.to_dict())
+    meas = df["measured_s"].to_numpy(dtype=float)
+    with_ = 100 * np.abs(df["pred_L3_s"].to_numpy(dtype=float) / meas - 1)
+    without = 100 * np.abs(df["pred_alone_L3_s"].to_numpy(dtype=float) / meas - 1)
+    out["median_ape_L3_pct"] = float(np.median(with_))
+    out["median_ape_L3_pct_alone"] = float(np.median(without))
+    out["median_pred_over_measured_L3"] = float(np.median(df["pred_L3_s"] / df["measured_s"]))
+    out["median_pred_over_measured_L3_alone"] = float(np.median(df["pred_alone_L3_s"] / df["measured_s"]))
+    return out
+
+
+def _measured_timeline(phase_s: np.ndarray, segments: Sequence[str]) -> dict[str, Any]:
+    """One rank's measured phases: medians over repeats, laid end to end."""
+    med = dict(zip(segments, np.median(phase_s, axis=0)))
+    iqr = dict(zip(segments, np.subtract(*np.percentile(phase_s, [75, 25], axis=0))))
+    durations = {"router": med["router"], "dispatch": med["dispatch_prep"] + med["dispatch_a2a"],
+                 "experts": med["experts"], "combine": med["combine"], "weighted_sum": med["weighted_sum"]}
+    t, phases = 0.0, {}
+    for p in PHASES:
+        phases[p] = {"start_s": t, "end_s": t + float(durations[p])}
+        t += float(durations[p])
+    compute = phase_s[:, [segments.index(s) for s in ("router", "dispatch_prep", "experts", "weighted_sum")]].sum(axis=1)
+    q1, q3 = np.percentile(compute, [25, 75])
+    return {"phases": phases, "segments_median_s": {k: float(v) for k, v in med.items()},
+            "segments_iqr_s": {k: float(v) for k, v in iqr.items()}, "end_s": t,
+            "compute_s": float(np.median(compute)), "compute_iqr_s": float(q3 - q1)}
+
+
+def _score_point(pt: Mapping[str, Any], held: EPStepPrediction, lookup: EPStepPrediction, meas: Mapping[str, Any],
+                 segments: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    step = meas["step"]
+    times = np.asarray(step.times_s)
+    chunks = [np.median(c) for c in np.array_split(times, 3) if len(c)]
+    ranks = [_measured_timeline(p, list(segments)) for p in meas["phase_s"]]
+    compute = [r["compute_s"] for r in ranks]
+    noise = math.sqrt(sum(r["compute_iqr_s"] ** 2 for r in ranks))
+    gap = max(compute) - min(compute)
+    plan: EPPlan = pt["plan"]
+    row = {"point": pt["point"], "value": pt["value"], "generator": pt["generator"], "placement": pt["placement"],
+           "backend": pt["backend"], **pt["routing"].metrics(), "plan_skew_share": plan.skew_share,
+           "slots": plan.placement.num_slots, "dropped": plan.dropped,
+           "offrank_bytes": float(plan.actual.send_bytes.sum()),
+           "measured_s": float(step.median_s), "measured_iqr_s": float(step.iqr_s),
+           "round_cv": float(np.std(chunks, ddof=1) / np.mean(chunks)) if len(chunks) > 1 else 0.0,
+           "noisy": bool(step.noisy),
+           **{f"pred_{lv}_s": held.step_s(lv) for lv in LEVELS},
+           **{f"pred_lookup_{lv}_s": lookup.step_s(lv) for lv in LEVELS},
+           "straggler_pred": held.straggler("L3"), "straggler_measured": int(np.argmax(compute)),
+           "straggler_clear": bool(gap > noise), "rank_gap_s": gap, "rank_noise_s": noise,
+           "skew_share_L3": held.skew_share("L3"), "skew_share_L2": held.skew_share("L2"),
+           "balanced_pred_L3_s": held.balanced_step_s["L3"]}
+    for r, rank in enumerate(ranks):
+        row[f"measured_rank{r}_compute_s"] = rank["compute_s"]
+        row[f"pred_rank{r}_busy_L3_s"] = held.timelines["L3"][r].busy_s
+    point = {k: row[k] for k in ("point", "value", "placement", "backend", "measured_s", "measured_iqr_s",
+                                 "straggler_pred", "straggler_measured", "straggler_clear", "skew_share_L3",
+                                 "plan_skew_share")}
+    point["predicted"] = {lv: v for lv, v in held.to_dict().items() if lv in ("L0", "L2", "L3")}
+    point["measured"] = {"step_s": float(step.median_s), "ranks": ranks}
+    point["rank_rows"] = plan.rank_rows.tolist()
+    if held.collective_extrapolating:
+        point["collective_extrapolating"] = held.collective_extrapolating
+    return row, point
+
+
+def _placement_gains(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per point and backend: 1 - step(load_aware) / step(contiguous), measured and predicted."""
+    out = []
+    for (point, backend), g in df.groupby(["point", "backend"], sort=True):
+        by = {r["placement"]: r for _, r in g.iterrows()}
+        if "load_aware" not in by or "contiguous" not in by:
+            continue
+        la, co = by["load_aware"], by["contiguous"]
+        out.append({"point": int(point), "value": la["value"], "backend": backend,
+                    "measured_gain": 1 - la["measured_s"] / co["measured_s"],
+                    **{f"predicted_gain_{lv}": 1 - la[f"pred_{lv}_s"] / co[f"pred_{lv}_s"]
+                       for lv in ("L0", "L2", "L3") if co[f"pred_{lv}_s"] > 0}})
+    return out
+
+
+def _straggler_summary(df: pd.DataFrame) -> dict[str, Any]:
+    clear = df[df["straggler_clear"]]
+    return {"points": int(len(df)), "clear_points": int(len(clear)),
+            "agree": int((clear["straggler_pred"] == clear["straggler_measured"]).sum()),
+            "rule": "predicted: the rank with the most busy seconds (L3 held out); measured: the rank with the most "
+                    "compute seconds outside the all-to-alls (median over repeats); counted where the ranks' compute "
+                    "differs by more than sqrt(IQR_0^2 + IQR_1^2)"}
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring: str, measured: bool) -> None:
+    """Per placement (rows) at the least and the most concentrated routing (columns): each
+    rank's phases as horizontal bars, the prediction (waits hatched) beside the measurement."""
+    placements = list(dict.fromkeys(p["placement"] for p in points))
+    values = sorted({p["value"] for p in points}, key=float)
+    cols = [values[0], values[-1]] if len(values) > 1 else values[:1]
+    fig, axes = plt.subplots(len(placements), len(cols), figsize=(6.5 * len(cols), 1.2 + 1.6 * len(placements)),
+                             squeeze=False)
+    for i, placement in enumerate(placements):
+        for j, value in enumerate(cols):
+            ax = axes[i][j]
+            pt = next(p for p in points if p["placement"] == placement and p["value"] == value)
+            pred = pt["predicted"]["L3"]["ranks"]
+            labels, y = [], 0
+            for r, rank in enumerate(pred):
+                bars = [("predicted", rank, True)]
+                if measured:
+                    bars.insert(0, ("measured", pt["measured"]["ranks"][r]["phases"], False))
+                for name, phases, is_pred in bars:
+                    for p in PHASES:
+                        s, e = phases[p]["start_s"] * 1e3, phases[p]["end_s"] * 1e3
+                        if is_pred and phases[p]["wait_s"] > 0:  # the wait first, hatched
+                            w = phases[p]["wait_s"] * 1e3
+                            ws = s + phases[p]["compute_s"] * 1e3
+                            ax.barh(y, w, left=ws, color="white", edgecolor=PHASE_COLOURS[p], hatch="///", height=0.7)
+                            ax.barh(y, e - ws - w, left=ws + w, color=PHASE_COLOURS[p], height=0.7)
+                            ax.barh(y, ws - s, left=s, color=PHASE_COLOURS[p], height=0.7)
+                        else:
+                            ax.barh(y, e - s, left=s, color=PHASE_COLOURS[p], height=0.7,
+                                    alpha=1.0 if is_pred else 0.55)
+                    labels.append(f"rank {r} {name}")
+                    y += 1
+                y += 0.4
+            ax.set_yticks([k + 0.4 * (k // (2 if measured else 1)) for k in range(len(labels))], labels, fontsize=7)
+            ax.invert_yaxis()
+            step = f"measured {pt['measured']['step_s'] * 1e3:.2f} ms, " if measured else ""
+            ax.set_title(f"{placement}, routing {value}: {step}predicted {pt['predicted']['L3']['step_s'] * 1e3:.2f} ms",
+                         fontsize=8)
+            ax.set_xlabel("time from the step's start [ms]", fontsize=8)
+            ax.grid(True, axis="x", alpha=0.2)
+    handles = [matplotlib.patches.Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
+    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="///", label="wait (predicted)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
+    what = ("measured bars (pale: medians per phase; dispatch and combine include their waits) above predicted "
+            if measured else "predicted only (measure=false), ")
+    fig.suptitle(f"EP MoE step per rank: {what}({scoring})", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- measure=false
+
+
+def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, Any]], details: dict[str, Any],
+                  out: Path, ep: Mapping[str, Any]) -> dict[str, Any]:
+    W = details["world_size"]
+    model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
+    cm, how = collective_model_for(W, BACKEND, rt.profile_root)
+    if cm is None:
+        base, base_how = _collectives(rt, 2, measuring=False)
+        cm = whatif_from(base, W)
+        how = f"{base_how}; latency-bandwidth with its W=2 alpha and beta, extrapolated to W={W}"
+    times = cost_model_kernel_times(model)
+    colo, colo_how = _colocation(rt, ep, measuring=False, profile=rt.profile_root / model.fingerprint.id)
+    console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
+    rows, per_point = [], []
+    for pt in points:
+        pred = predict_ep_step(pt["cfg"], pt["plan"], times, cm, colocation=colo)
+        rows.append({"point": pt["point"], "value": pt["value"], "placement": pt["placement"], "backend": pt["backend"],
+                     **pt["routing"].metrics(), "plan_skew_share": pt["plan"].skew_share,
+                     **{f"pred_{lv}_s": pred.step_s(lv) for lv in LEVELS},
+                     "straggler_pred": pred.straggler("L3"), "skew_share_L3": pred.skew_share("L3"),
+                     "extrapolating": pred.collective_extrapolating or ""})
+        per_point.append({"point": pt["point"], "value": pt["value"], "placement": pt["placement"],
+                          "backend": pt["backend"],
+                          "predicted": {lv: v for lv, v in pred.to_dict().items() if lv in ("L0", "L2", "L3")},
+                          "collective_extrapolating": pred.collective_extrapolating})
+    df = pd.DataFrame(rows)
+    note = f"predict-only what-if at W={W}: the all-to-all model extrapolates ({how})"
+    console.print(f"[yellow]{note}[/]")
+    details = {**details, "extrapolates": note, "colocation": {"mode": ep["colocation"], "how": colo_how,
+                                                               "applied": colo is not None,
+                                                               **(colo.to_dict() if colo is not None else {})},
+               "collective_model": {"how": how, **(cm.to_dict() if hasattr(cm, "to_dict") else {})},
+               "ep": {"points": per_point, "placement_gains": _predicted_gains(df)},
+               "predictions": df[["value", "placement", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
+    summ = predict_only_summary("moe_ep", model.fingerprint.describe(), df, details=details)
+    write_outputs(out, df, summ)
+    _plot_timelines(per_point, out / "ep_timelines.png", scoring=f"L3 as fitted, W={W}, extrapolated", measured=False)
+    print_table(df, {"value": "", "placement": "", "backend": "", "plan_skew_share": ".2f", "pred_L0_s": "ms",
+                     "pred_L2_s": "ms", "pred_L3_s": "ms", "straggler_pred": "", "skew_share_L3": ".2f"},
+                title=f"EP MoE step predicted at W={W} (ms; measure=false: nothing measured, collectives extrapolated)")
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def _predicted_gains(df: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for (point, backend), g in df.groupby(["point", "backend"], sort=True):
+        by = {r["placement"]: r for _, r in g.iterrows()}
+        if "load_aware" in by and "contiguous" in by:
+            out.append({"point": int(point), "value": by["load_aware"]["value"], "backend": backend,
+                        "predicted_gain_L3": 1 - by["load_aware"]["pred_L3_s"] / by["contiguous"]["pred_L3_s"]})
+    return out

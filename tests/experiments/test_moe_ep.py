@@ -1,0 +1,95 @@
+"""experiment=moe_ep: bad input fails before anything is measured; the tiny form runs two real
+gloo processes end to end (collectives: the collective profile when there is one, else a
+latency-bandwidth fit to a grid of all-to-alls timed in the same launch, saved beside the
+device profile) and writes the common summary with every point's two rank timelines;
+measure=false then predicts a larger W from that fit and says it extrapolates."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+CONF = str(Path(__file__).resolve().parents[2] / "conf")
+SUMMARY_KEYS = {"experiment", "device", "n_points", "noise_cv_pct", "median_ape_pct", "p90_ape_pct", "max_ape_pct",
+                "spearman", "details"}
+
+
+def _cfg(profile_root: Path, *extra: str):
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return compose("config", overrides=["experiment=moe_ep", "+tiny=moe_ep", f"profile.root={profile_root}",
+                                            "+timing_budget=tiny", "progress=false", *extra])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["ep.world_size=5"], "ep.world_size must be an integer in [2, 4], got 5"),  # more ranks than experts
+    (["ep.world_size=1"], "ep.world_size must be an integer in [2, 4], got 1"),
+    (["ep.placements=[contiguous,random]"],
+     "ep.placements[1] must be one of ['contiguous', 'round_robin', 'load_aware'] (or {slots: [[...], ...]}), got 'random'"),
+    (["ep.placements=[{slots:[[0,1],[2]]}]"],
+     "ep.placements[0]: placement.slot_expert must hold every expert in [0, moe.num_experts=4) at least once, missing [3]"),
+    (["ep.repeats=2"], "ep.repeats must be an integer in [3, 200], got 2"),
+    (["ep.whatif_world_size=9"], "ep.whatif_world_size must be an integer in [2, 4], got 9"),
+])
+def test_bad_input_names_the_field_and_range_before_measuring(tmp_path, overrides, message):
+    module = importlib.import_module("experiments.moe_ep")
+    cfg = _cfg(tmp_path, *overrides)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        module.validate(cfg)
+    assert not (tmp_path / "profiles").exists() and not any(tmp_path.iterdir())  # nothing measured or written
+
+
+def test_more_ranks_than_the_machine_can_pin_is_refused(tmp_path, monkeypatch):
+    module = importlib.import_module("experiments.moe_ep")
+    monkeypatch.setattr(module, "usable_cores", lambda: 2)
+    with pytest.raises(ValueError, match=re.escape("ep.world_size=4 cannot be placed here: one pinned core per rank and "
+                                                   "this process may use 2 cores; allowed [2, 2]")):
+        module.validate(_cfg(tmp_path, "ep.world_size=4"))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe_ep")
+    out = root / "out"
+    summary = importlib.import_module("experiments.moe_ep").run(_cfg(root / "profiles"), out_dir=out)
+    return root, out, summary
+
+
+def test_tiny_run_writes_the_common_schema_and_two_timelines_per_point(tiny_run):
+    _, out, summary = tiny_run
+    written = json.loads((out / "summary.json").read_text())
+    assert set(written) == SUMMARY_KEYS and written["experiment"] == "moe_ep"
+    assert written["n_points"] == 2 * 3  # routings x placements (one backend)
+    details = written["details"]
+    assert details["scoring"] == "held-out" and details["heldout"]["scored"]
+    assert set(details["profile_lookup"]["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
+    points = details["ep"]["points"]
+    assert len(points) == 6 and {p["placement"] for p in points} == {"contiguous", "round_robin", "load_aware"}
+    for p in points:
+        assert len(p["measured"]["ranks"]) == 2
+        for lv in ("L0", "L2", "L3"):
+            assert len(p["predicted"][lv]["ranks"]) == 2
+            assert p["predicted"][lv]["straggler"] in (0, 1)
+            for rank in p["predicted"][lv]["ranks"]:
+                assert list(rank) == ["router", "dispatch", "experts", "combine", "weighted_sum"]
+                assert rank["weighted_sum"]["end_s"] <= p["predicted"][lv]["step_s"] + 1e-15
+        assert p["measured"]["step_s"] > 0
+    assert {g["value"] for g in details["ep"]["placement_gains"]} == {0.0, 3.0}
+    assert details["ep"]["straggler"]["clear_points"] <= 6
+    assert (out / "results.csv").stat().st_size > 0
+    assert (out / "ep_timelines.png").exists() and (out / "predicted_vs_measured.png").exists()
+
+
+def test_predict_only_extrapolates_to_a_larger_world_size(tiny_run, tmp_path):
+    root, _, _ = tiny_run
+    out = tmp_path / "whatif"
+    summary = importlib.import_module("experiments.moe_ep").run(_cfg(root / "profiles", "measure=false"), out_dir=out)
+    written = json.loads((out / "summary.json").read_text())
+    assert written["details"]["measured"] is False and written["details"]["world_size"] == 4
+    assert "extrapolates" in written["details"]["extrapolates"]
+    assert all(len(p["predicted"]["L3"]["ranks"]) == 4 for p in written["details"]["ep"]["points"])
+    assert summary["n_points"] == 6 and (out / "ep_timelines.png").exists()
