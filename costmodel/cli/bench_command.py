@@ -77,12 +77,37 @@ def selected_families(value: Any) -> list[str] | None:
     return list(value)
 
 
+def is_collective_suite(suite: dict[str, Any]) -> bool:
+    """A collectives suite (``conf/suite/collectives.yaml``: ``ops`` and ``sizes``) is measured
+    between processes by ``costmodel.collectives``, not kernel by kernel in this one."""
+    return "ops" in suite and "sizes" in suite
+
+
+def collective_world_size(cfg: DictConfig) -> int:
+    """``bench.world_size``: ranks of a collectives suite (2 .. the cores this process may use)."""
+    from costmodel.collectives.workers import usable_cores  # noqa: PLC0415
+
+    value = (cfg.get("bench") or {}).get("world_size", 2)
+    cores = len(usable_cores())
+    if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= max(2, cores):
+        raise ValueError(f"bench.world_size must be an integer in [2, {max(2, cores)}] (one pinned core per rank), "
+                         f"got {value!r}")
+    return value
+
+
 def validate(cfg: DictConfig) -> list[tuple[str, Any]]:
     """Every check of ``run`` that measures nothing and sets nothing (also run on every job
     of a ``-m`` sweep before the first starts): base keys with the suite's timing, the
-    families, and the whole suite expanded. Returns the (tag, descriptor) pairs."""
+    families, and the whole suite expanded. Returns the (tag, descriptor) pairs; a
+    collectives suite is checked by ``costmodel.collectives.suite.load_suite`` (no pairs)."""
     suite = OmegaConf.to_container(cfg.suite, resolve=True)
     assert isinstance(suite, dict)
+    if is_collective_suite(suite):
+        from costmodel.collectives.suite import load_suite  # noqa: PLC0415
+
+        check_cfg(cfg)
+        load_suite(suite, collective_world_size(cfg))
+        return []
     device = check_cfg(cfg)
     timing_config({**OmegaConf.to_container(cfg.timing, resolve=True), **(suite.get("timing") or {})})  # type: ignore[arg-type]
     return expand_suite(
@@ -94,10 +119,29 @@ def validate(cfg: DictConfig) -> list[tuple[str, Any]]:
     )
 
 
+def run_collectives(cfg: DictConfig, suite: dict[str, Any]) -> dict[str, Any]:
+    """``python -m costmodel bench suite=collectives [bench.world_size=2]``: the collectives
+    suite on W gloo processes of this host (``costmodel.collectives.bench_collectives``),
+    into the collective profile beside this device's profile (its fingerprint: this process's
+    device, threads and allocator, plus backend, world size and the ranks' cores)."""
+    from costmodel.collectives.bench import bench_collectives  # noqa: PLC0415
+    from costmodel.collectives.report import fit_report  # noqa: PLC0415
+    from costmodel.collectives.store import CollectiveProfile  # noqa: PLC0415
+
+    rt = Runtime.from_cfg(cfg)
+    result = bench_collectives(collective_world_size(cfg), suite, rt.profile_root, progress=bool(cfg.bench.progress))
+    console.print(f"collectives: {result.rows_added} rows added ({result.rows_total} in all) in {result.wall_s:.1f} s, "
+                  f"ranks {result.note}; profile {result.path}")
+    fit_report(CollectiveProfile.load(result.path).measurements())  # held out by message size, printed
+    return {"collectives": str(result.path), "rows_added": result.rows_added, "wall_s": result.wall_s}
+
+
 def run(cfg: DictConfig) -> dict[str, Any]:
     tagged = validate(cfg)
     suite = OmegaConf.to_container(cfg.suite, resolve=True)
     assert isinstance(suite, dict)
+    if is_collective_suite(suite):
+        return run_collectives(cfg, suite)
     rt = Runtime.from_cfg(cfg, timing_overrides=suite.get("timing"))
     selected = selected_families(cfg.bench.families)
     profile = rt.open_profile()

@@ -76,7 +76,7 @@ def test_load_cost_model_checks_every_argument_before_setting_anything(kwargs, m
     assert not list(tmp_path.iterdir())
 
 
-def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path):
+def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path, busy_guard_aside):
     """refresh="auto": a profile made 3x slow is caught per family, the given kernels are
     re-measured and the models refitted; refresh="never" (the default) measures nothing."""
     from costmodel.families.gemm import GemmSpec

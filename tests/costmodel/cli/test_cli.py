@@ -70,6 +70,7 @@ def test_compare_two_profiles(profile_root):
         (["bench", "suite=huge"], "Could not find 'suite/huge'"),
         (["bench", "bench.families=[conv]"], "bench.families: unknown family 'conv'"),
         (["bench", "dtype=float8"], "dtype must be one of"),
+        (["bench", "suite=collectives", "bench.world_size=99"], "bench.world_size must be an integer in [2, "),
         (["bench", "device=cuda"], "device='cuda' was asked for"),
         (["fit", "profile.root=does-not-exist"], "no profile for this device"),
         (["frobnicate"], "bench"),

@@ -93,15 +93,6 @@ def _scale_profile_times(profile, factor: float) -> None:
     frame.to_csv(file, index=False)
 
 
-@pytest.fixture
-def busy_guard_aside(monkeypatch):
-    """The busy guard has its own tests (a bounded CPU hog, at the end); elsewhere a machine busy
-    with other work (a microsecond kernel read at 15x in a transient of the full suite, or other
-    processes' CPU time) must not turn the refresh under test into a (rightful) refusal."""
-    monkeypatch.setattr(freshness, "BUSY_RATIO", float("inf"))
-    monkeypatch.setattr(freshness, "BUSY_OTHER_CORES", float("inf"))
-
-
 def test_a_profile_off_by_3x_is_stale_in_every_family(rt, busy_guard_aside):
     profile = rt.open_profile()
     measure_specs(SUITE, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
