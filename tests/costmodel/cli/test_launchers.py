@@ -197,7 +197,7 @@ def test_measure_false_on_an_experiment_that_always_measures_is_refused_up_front
                                      f"profile.root={tmp_path}")
     assert code == 2
     assert errors[0] == ("job measure=False: error: experiment=mlp_batch always measures; measure=false (predict only) "
-                         "is supported by moe_design, moe_skew, gnn_degree")
+                         "is supported by gnn_degree, gnn_partition, moe_design, moe_ep, moe_skew")
 
 
 def test_a_parallel_bench_sweep_is_refused_before_any_job(caplog, tmp_path):
