@@ -48,6 +48,7 @@ from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
     plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
 )
+from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
@@ -303,9 +304,9 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df["ape_lookup_L3_pct"] = lookup_df["ape_L3_pct"]
     df.attrs.update({"scoring": "held-out", "heldout": heldout.to_dict(), "profile_lookup": ape_summary(lookup_df),
                      "rounds": part["rounds"], "freshness": dict(getattr(model, "freshness", {}) or {})})
-    gains = _metis_gains(df)
+    gains = variant_gains(df, "partitioner", "metis", "random")
     details["partition"] = {
-        "points": per_point, "metis_gain_over_random": gains, "straggler": _straggler_summary(df),
+        "points": per_point, "metis_gain_over_random": gains, "straggler": straggler_summary(df, STRAGGLER_RULE),
         "wait_rule": "the halo all-to-all starts on every rank at the latest send end "
                      "(sim/distributed/gnn_partition_predict.py)",
         "levels": "kernels at L0-L3 (CostModel); the halo at the collective model's level of the same name, its first "
@@ -402,32 +403,9 @@ def _score_point(pt: Mapping[str, Any], held: dict[str, PredictedStep], lookup: 
     return row, point
 
 
-def _metis_gains(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per point and backend: 1 - step(metis) / step(random), measured and predicted (held out)."""
-    out = []
-    for (point, backend), g in df.groupby(["point", "backend"], sort=True):
-        by = {r["partitioner"]: r for _, r in g.iterrows()}
-        if "metis" not in by or "random" not in by:
-            continue
-        me, ra = by["metis"], by["random"]
-        gain = {"point": int(point), "value": me["value"], "backend": backend}
-        if "measured_s" in me:
-            gain["measured_gain"] = 1 - me["measured_s"] / ra["measured_s"]
-        gain.update({f"predicted_gain_{lv}": 1 - me[f"pred_{lv}_s"] / ra[f"pred_{lv}_s"]
-                     for lv in ("L0", "L2", "L3") if ra[f"pred_{lv}_s"] > 0})
-        if "measured_gain" in gain:
-            gain["sign_agrees_L3"] = bool(np.sign(gain["measured_gain"]) == np.sign(gain.get("predicted_gain_L3", 0)))
-        out.append(gain)
-    return out
-
-
-def _straggler_summary(df: pd.DataFrame) -> dict[str, Any]:
-    clear = df[df["straggler_clear"]]
-    return {"points": int(len(df)), "clear_points": int(len(clear)),
-            "agree": int((clear["straggler_pred"] == clear["straggler_measured"]).sum()),
-            "rule": "predicted: the rank with the most kernel seconds (send + layer, L3 held out); measured: the rank "
-                    "with the most seconds outside the all-to-all (median over repeats); counted where the ranks "
-                    "differ by more than sqrt(IQR_0^2 + IQR_1^2)"}
+STRAGGLER_RULE = ("predicted: the rank with the most kernel seconds (send + layer, L3 held out); measured: the rank "
+                  "with the most seconds outside the all-to-all (median over repeats); counted where the ranks "
+                  "differ by more than sqrt(IQR_0^2 + IQR_1^2)")
 
 
 # ----------------------------------------------------------------------------- plot
@@ -523,7 +501,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
             f"measured ({how})")
     console.print(f"[yellow]{note}[/]")
     details = {**details, "extrapolates": note, "collective_model": {"how": how},
-               "partition": {"points": per_point, "metis_gain_over_random": _metis_gains(df)},
+               "partition": {"points": per_point, "metis_gain_over_random": variant_gains(df, "partitioner", "metis", "random")},
                "predictions": df[["value", "partitioner", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
     summ = predict_only_summary("gnn_partition", model.fingerprint.describe(), df, details=details)
     write_outputs(out, df, summ)

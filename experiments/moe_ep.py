@@ -55,6 +55,7 @@ from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
     plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
 )
+from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
@@ -285,8 +286,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df["ape_lookup_L3_pct"] = lookup_df["ape_L3_pct"]
     df.attrs.update({"scoring": "held-out", "heldout": heldout.to_dict(), "profile_lookup": ape_summary(lookup_df),
                      "rounds": 3, "freshness": dict(getattr(model, "freshness", {}) or {})})
-    gains = _placement_gains(df)
-    details["ep"] = {"points": per_point, "placement_gains": gains, "straggler": _straggler_summary(df),
+    gains = variant_gains(df, "placement", "load_aware", "contiguous")
+    details["ep"] = {"points": per_point, "placement_gains": gains, "straggler": straggler_summary(df, STRAGGLER_RULE),
                      "wait_rule": "bulk-synchronous: an all-to-all ends on rank r at max over ranks of the entry "
                                   "time + rank r's collective seconds (sim/distributed/ep_predict.py)"}
     summ = summary("moe_ep", rt.fingerprint.describe(), df, details=details)
@@ -412,28 +413,9 @@ def _score_point(pt: Mapping[str, Any], held: EPStepPrediction, lookup: EPStepPr
     return row, point
 
 
-def _placement_gains(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Per point and backend: 1 - step(load_aware) / step(contiguous), measured and predicted."""
-    out = []
-    for (point, backend), g in df.groupby(["point", "backend"], sort=True):
-        by = {r["placement"]: r for _, r in g.iterrows()}
-        if "load_aware" not in by or "contiguous" not in by:
-            continue
-        la, co = by["load_aware"], by["contiguous"]
-        out.append({"point": int(point), "value": la["value"], "backend": backend,
-                    "measured_gain": 1 - la["measured_s"] / co["measured_s"],
-                    **{f"predicted_gain_{lv}": 1 - la[f"pred_{lv}_s"] / co[f"pred_{lv}_s"]
-                       for lv in ("L0", "L2", "L3") if co[f"pred_{lv}_s"] > 0}})
-    return out
-
-
-def _straggler_summary(df: pd.DataFrame) -> dict[str, Any]:
-    clear = df[df["straggler_clear"]]
-    return {"points": int(len(df)), "clear_points": int(len(clear)),
-            "agree": int((clear["straggler_pred"] == clear["straggler_measured"]).sum()),
-            "rule": "predicted: the rank with the most busy seconds (L3 held out); measured: the rank with the most "
-                    "compute seconds outside the all-to-alls (median over repeats); counted where the ranks' compute "
-                    "differs by more than sqrt(IQR_0^2 + IQR_1^2)"}
+STRAGGLER_RULE = ("predicted: the rank with the most busy seconds (L3 held out); measured: the rank with the most "
+                  "compute seconds outside the all-to-alls (median over repeats); counted where the ranks' compute "
+                  "differs by more than sqrt(IQR_0^2 + IQR_1^2)")
 
 
 # ----------------------------------------------------------------------------- plots
@@ -524,7 +506,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                                                                "applied": colo is not None,
                                                                **(colo.to_dict() if colo is not None else {})},
                "collective_model": {"how": how, **(cm.to_dict() if hasattr(cm, "to_dict") else {})},
-               "ep": {"points": per_point, "placement_gains": _predicted_gains(df)},
+               "ep": {"points": per_point, "placement_gains": variant_gains(df, "placement", "load_aware", "contiguous", levels=("L3",))},
                "predictions": df[["value", "placement", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
     summ = predict_only_summary("moe_ep", model.fingerprint.describe(), df, details=details)
     write_outputs(out, df, summ)
@@ -534,13 +516,3 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                 title=f"EP MoE step predicted at W={W} (ms; measure=false: nothing measured, collectives extrapolated)")
     console.print(f"outputs in {out}")
     return summ
-
-
-def _predicted_gains(df: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for (point, backend), g in df.groupby(["point", "backend"], sort=True):
-        by = {r["placement"]: r for _, r in g.iterrows()}
-        if "load_aware" in by and "contiguous" in by:
-            out.append({"point": int(point), "value": by["load_aware"]["value"], "backend": backend,
-                        "predicted_gain_L3": 1 - by["load_aware"]["pred_L3_s"] / by["contiguous"]["pred_L3_s"]})
-    return out

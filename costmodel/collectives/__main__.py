@@ -13,28 +13,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from costmodel.cli.key_values import int_arg, parse_key_values
+
 USAGE = __doc__.split("\n\n")[1]
 ALLOWED = {"bench": {"world_size", "suite", "profile_root", "allow_oversubscribe", "port", "timeout_s"},
            "fit": {"world_size", "backend", "profile_root"}}
 
 
 def _parse(cmd: str, argv: list[str]) -> dict[str, str]:
-    out = {}
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in ALLOWED[cmd]:
-            raise SystemExit(f"{cmd}: arguments are key=value with key in {sorted(ALLOWED[cmd])}, got {arg!r}\n{USAGE}")
-        out[key] = value
-    return out
-
-
-def _int(args: dict, key: str, default: int | None) -> int | None:
-    if key not in args:
-        return default
-    try:
-        return int(args[key])
-    except ValueError:
-        raise SystemExit(f"{key} must be an integer, got {args[key]!r}") from None
+    return parse_key_values(cmd, argv, ALLOWED, USAGE)
 
 
 def suite_path(name: str) -> Path:
@@ -67,20 +54,20 @@ def _main(argv: list[str] | None = None) -> int:
     root = args.get("profile_root", "profiles")
     if cmd == "bench":
         from costmodel.collectives.bench import bench_collectives
-        w = _int(args, "world_size", None)
+        w = int_arg(args, "world_size", None)
         if w is None:
             raise SystemExit(f"bench needs world_size=W\n{USAGE}")
         over = args.get("allow_oversubscribe", "false").lower()
         if over not in ("true", "false"):
             raise SystemExit(f"allow_oversubscribe must be true or false, got {over!r}")
         bench_collectives(w, suite_path(args.get("suite", "collectives")), root, allow_oversubscribe=over == "true",
-                          port=_int(args, "port", None),
+                          port=int_arg(args, "port", None),
                           timeout_s=float(args["timeout_s"]) if "timeout_s" in args else None)
         return 0
     from costmodel.collectives.models import load_collective_model, to_json
     from costmodel.collectives.report import fit_report
     from costmodel.collectives.store import CollectiveProfile
-    model = load_collective_model(world_size=_int(args, "world_size", 2), backend=args.get("backend", "gloo"),
+    model = load_collective_model(world_size=int_arg(args, "world_size", 2), backend=args.get("backend", "gloo"),
                                   profile_root=root)
     print(f"collective profile: {model.fingerprint['source']}")
     print("fitted on all rows (L2 per op, L3 class chosen by grouped CV):")

@@ -14,26 +14,15 @@ from __future__ import annotations
 
 import sys
 
+from costmodel.cli.key_values import int_arg, parse_key_values
+
 USAGE = __doc__.split("\n\n")[1]
 COMMON = {"profile.root", "threads", "dtype", "allocator"}
 ALLOWED = {"measure": COMMON | {"cores", "per_family", "rounds", "families"}, "show": COMMON}
 
 
 def _parse(cmd: str, argv: list[str]) -> dict[str, str]:
-    out = {}
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if not eq or key not in ALLOWED[cmd]:
-            raise SystemExit(f"{cmd}: arguments are key=value with key in {sorted(ALLOWED[cmd])}, got {arg!r}\n{USAGE}")
-        out[key] = value
-    return out
-
-
-def _int(args: dict, key: str, default: int) -> int:
-    try:
-        return int(args.get(key, default))
-    except ValueError:
-        raise SystemExit(f"{key} must be an integer, got {args[key]!r}") from None
+    return parse_key_values(cmd, argv, ALLOWED, USAGE)
 
 
 def _profile(args: dict):
@@ -43,7 +32,7 @@ def _profile(args: dict):
     from costmodel.measure.device import check_threads, fingerprint
     from costmodel.store.profile import DeviceProfile
 
-    threads = check_threads(_int(args, "threads", 1))
+    threads = check_threads(int_arg(args, "threads", 1))
     torch.set_num_threads(threads)
     configure_allocator(args.get("allocator", "steady"))
     fp = fingerprint(torch.device("cpu"), args.get("dtype", "float32"), cold_cache=True)
@@ -69,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
 
         from costmodel.colocation.measure import DEFAULT_TIMING, measure_colocation
 
-        cores = tuple(_int({"c": c}, "c", 0) for c in args.get("cores", "0,1").strip("[]()").split(","))
+        cores = tuple(int_arg({"c": c}, "c", 0) for c in args.get("cores", "0,1").strip("[]()").split(","))
         families = [f for f in args["families"].strip("[]").split(",") if f] if "families" in args else None
-        measure_colocation(profile, cores, per_family=_int(args, "per_family", 3), families=families,
-                           timing=replace(DEFAULT_TIMING, rounds=_int(args, "rounds", DEFAULT_TIMING.rounds)))
+        measure_colocation(profile, cores, per_family=int_arg(args, "per_family", 3), families=families,
+                           timing=replace(DEFAULT_TIMING, rounds=int_arg(args, "rounds", DEFAULT_TIMING.rounds)))
     except (ColocationError, ProfileError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
