@@ -103,16 +103,23 @@ def _src_read_shares(configs: list[GNNConfig], graphs: list[tuple[float, torch.T
     return sorted({round(float(v), 2) for v in np.linspace(min(shares), max(shares), 3)})
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
-    cfg = config_dict(cfg)
-    configs = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+def runnable_configs(configs: list[GNNConfig]) -> tuple[list[GNNConfig], dict[str, str]]:
+    """The configs whose backend can run here, and {backend: why not} of the others (each
+    named on the console and skipped); none at all is an error naming them."""
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c))}
     for backend, reason in unavailable.items():
         console.print(f"[yellow]backend {backend!r} is unavailable here and is skipped:[/] {reason}")
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
         raise ValueError(f"no requested GNN backend can run here: {unavailable}")
+    return configs, unavailable
+
+
+def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    cfg = config_dict(cfg)
+    configs = validate(cfg)
+    rt = Runtime.from_cfg(cfg)
+    configs, unavailable = runnable_configs(configs)
     graphs = make_graphs(cfg, rt.seed)  # validates the sweep and every edge index before any timing
     meas = cfg["per_kernel"]
     measuring = check_measure_keys(cfg)

@@ -49,14 +49,14 @@ from experiments.common import (  # noqa: E402
     plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
 )
 from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
-from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs  # noqa: E402
+from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
 from sim.distributed.gnn_partition_predict import PredictedStep, predict_partition_step, rank_traces  # noqa: E402
 from sim.distributed.graph_partition import (  # noqa: E402
     METIS_INSTALL, PARTITIONERS, PartitionPlan, check_partitioner, plan_graph_partition,
 )
-from sim.gnn_layer import GNNConfig, backend_unavailable_reason  # noqa: E402
+from sim.gnn_layer import GNNConfig  # noqa: E402
 from sim.graphs import degree_stats  # noqa: E402
 from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
 
@@ -231,12 +231,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     cfg = config_dict(cfg)
     configs, part = validate(cfg)
     rt = Runtime.from_cfg(cfg)
-    unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c))}
-    for backend, reason in unavailable.items():
-        console.print(f"[yellow]backend {backend!r} is unavailable here and is skipped:[/] {reason}")
-    configs = [c for c in configs if c.backend not in unavailable]
-    if not configs:
-        raise ValueError(f"no requested GNN backend can run here: {unavailable}")
+    configs, unavailable = runnable_configs(configs)
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
     progress = bool(cfg.get("progress", True))
