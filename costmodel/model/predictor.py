@@ -51,7 +51,9 @@ MIN_ROWS_TO_FIT = 10
 #: 4: scatter backend index_put (accumulate), its own one-hot feature.
 #: 5: GEMM and grouped GEMM operand layouts (trans_a, trans_b), grouped_mm's weight-gradient
 #:    form, and the gather's aten op (index_select / index / gather) as features.
-MODEL_VERSION = 5
+#: 6: L3 trend-plus-trees forms, and a separate extrapolator per family for queries outside
+#:    the fitted range (chosen on a nested extrapolation split).
+MODEL_VERSION = 6
 
 
 class StaleModelError(RuntimeError):

@@ -111,3 +111,31 @@ def test_grouped_features_handle_ragged_expert_counts_and_padding():
     assert f["log_total_tokens"].tolist()[1] == pytest.approx(np.log10(12))
     assert f["tokens_cv"].tolist()[1] == pytest.approx(0.0)
     assert f["padding_waste"].tolist()[1] == pytest.approx(1 - 8 / 12)
+
+
+def test_l3_extrapolates_a_measured_trend_beyond_the_fitted_range():
+    """Efficiency that keeps rising with size (a power law in M): trees alone would predict
+    the largest measured efficiency for a larger kernel; the extrapolator, chosen on the
+    larger training kernels, carries the slope on."""
+    def power_law(ms):
+        X = _gemms(ms, k=64, n=64)
+        roof = roofline_time_s(X["flops"].to_numpy(), X["bytes_moved"].to_numpy(), CEIL)
+        return X, roof / (0.05 * np.asarray(ms, float) ** 0.3)
+
+    X, y = power_law(np.unique(np.geomspace(1, 512, 48).round()))
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3, candidates=("gbm", "extra_trees", "trend_gbm")).fit(X, y)
+    assert model.extrapolator_["gemm"] != "same"
+    assert set(model.extrapolation_cv_median_ape_pct_["gemm"]) == {"same", "ridge1", "trend_gbm", "trend_extra_trees"}
+    Xt, yt = power_law([1024])
+    with pytest.warns(ExtrapolationWarning):
+        predicted = model.predict(Xt)
+    flat = yt[0] * (1024 / 512) ** 0.3  # the largest measured efficiency (M = 512) held flat: 23% too slow
+    assert abs(predicted[0] - yt[0]) / yt[0] < 0.08
+    assert abs(predicted[0] - yt[0]) < 0.5 * abs(flat - yt[0])
+
+
+def test_trend_plus_residual_names_its_residual_options():
+    from costmodel.model.models import TrendPlusResidual
+
+    with pytest.raises(ValueError, match=r"residual must be one of \['extra_trees', 'gbm'\], got 'forest'"):
+        TrendPlusResidual(residual="forest").fit(np.zeros((4, 1)), np.zeros(4))
