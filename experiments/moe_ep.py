@@ -36,6 +36,7 @@ else a latency-bandwidth model fitted to the W=2 one; it says that it extrapolat
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -51,6 +52,7 @@ import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
+from costmodel.measure.timing import TimingConfig  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
     plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
@@ -64,12 +66,13 @@ from sim.distributed.ep_collectives import (  # noqa: E402
 )
 from sim.distributed.ep_plan import EPPlan, plan_expert_parallel  # noqa: E402
 from sim.distributed.ep_predict import (  # noqa: E402
-    PHASES, EPStepPrediction, cost_model_kernel_times, ep_traces, predict_ep_step,
+    PHASES, EPStepPrediction, cost_model_kernel_times, ep_traces, predict_ep_step, rank_replay_kernel_times,
 )
 from sim.distributed.expert_placement import PLACEMENTS, ExpertPlacement  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
 from sim.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
 from sim.routing import check_capacity_factor, route  # noqa: E402
+from sim.simulator import cold_call_extra_s  # noqa: E402
 
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
 MEASURES = "optional"
@@ -255,7 +258,8 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     measured = run_ep_phases([(pt["cfg"], pt["plan"], pt["routing"]) for pt in points], x,
                              world_size=ep["world_size"], seed=rt.seed, warmup=ep["warmup"], repeats=ep["repeats"],
                              evict_bytes=evict, a2a_sizes=A2A_GRID if cm is None else (),
-                             timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")))
+                             timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")),
+                             replay=dataclasses.asdict(replay_timing(rt.timing)))
     console.print(f"ranks: {measured['note']}")
     if cm is None:
         cm = fit_grid(measured["a2a"], ep["world_size"])
@@ -267,11 +271,20 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     details["ranks"] = measured["note"]
 
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
+    per_call_s = cold_call_extra_s(model, "L3")
     rows, per_point = [], []
     for pt, meas in zip(points, measured["cases"]):
         held = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm, colocation=colo)
         lookup = predict_ep_step(pt["cfg"], pt["plan"], lookup_times, cm, colocation=colo)
+        # rank replay: each rank's kernels as timed inside the ranks (beside each other, so no
+        # co-location factor on top), composed by the same timeline: a composition check
+        replay = predict_ep_step(pt["cfg"], pt["plan"],
+                                 rank_replay_kernel_times(meas["kernel_s"], lookup_times, per_call_s=per_call_s), cm)
         row, point = _score_point(pt, held, lookup, meas, MEASURED_SEGMENTS)
+        row["pred_replay_L3_s"] = replay.step_s("L3")
+        for r, tl in enumerate(replay.timelines["L3"]):
+            row[f"pred_replay_rank{r}_busy_L3_s"] = tl.busy_s
+            row[f"kernels_in_rank{r}_over_profile"] = _in_rank_over_profile(meas["kernel_s"][r], model)
         if colo is not None:  # the same held-out prediction as if each rank ran alone
             alone = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm)
             row["pred_alone_L3_s"] = alone.step_s("L3")
@@ -284,6 +297,18 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     df = add_errors(df)
     df["pred_lookup_L3_s"] = lookup_df["pred_L3_s"]
     df["ape_lookup_L3_pct"] = lookup_df["ape_L3_pct"]
+    replay_df = add_errors(df[["backend", "measured_s"]].assign(
+        **{f"pred_{lv}_s": df["pred_replay_L3_s"] if lv == "L3" else df[f"pred_lookup_{lv}_s"] for lv in LEVELS}))
+    df["ape_replay_L3_pct"] = replay_df["ape_L3_pct"]
+    details["replay"] = {
+        **ape_summary(replay_df),
+        "what": "each rank's kernels timed inside the rank processes, side by side, after its steps "
+                "(profile runners and cold operands, short timing), summed per phase plus the per-kernel "
+                "cold-call overhead and composed by the same timeline and collective model: a composition "
+                "check, not a prediction",
+        "kernels_in_rank_over_profile": {f"rank{r}": float(df[f"kernels_in_rank{r}_over_profile"].median())
+                                         for r in range(ep["world_size"])},
+    }
     df.attrs.update({"scoring": "held-out", "heldout": heldout.to_dict(), "profile_lookup": ape_summary(lookup_df),
                      "rounds": 3, "freshness": dict(getattr(model, "freshness", {}) or {})})
     gains = variant_gains(df, "placement", "load_aware", "contiguous")
@@ -308,6 +333,10 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     st = details["ep"]["straggler"]
     console.print(f"straggler predicted = measured at {st['agree']} of {st['clear_points']} points whose ranks differ "
                   f"beyond their noise ({st['points']} points in all)")
+    rr = details["replay"]
+    console.print(f"rank replay (kernels timed inside the ranks, composed: a composition check): L3 median "
+                  f"{rr['median_ape_pct']['L3']:.1f}%, p90 {rr['p90_ape_pct']['L3']:.1f}%; in-rank kernels / profile: "
+                  + ", ".join(f"{r} {v:.2f}x" for r, v in rr["kernels_in_rank_over_profile"].items()))
     print_summary(summ)
     console.print(f"outputs in {out}")
     return summ
@@ -411,6 +440,20 @@ def _score_point(pt: Mapping[str, Any], held: EPStepPrediction, lookup: EPStepPr
     if held.collective_extrapolating:
         point["collective_extrapolating"] = held.collective_extrapolating
     return row, point
+
+
+def replay_timing(timing: TimingConfig) -> TimingConfig:
+    """The timing of the in-rank kernel replay: the profile's cold operands, a shorter budget
+    per kernel (0.05 s, no retries) so a few hundred kernels cost about a minute."""
+    return dataclasses.replace(timing, min_run_time_s=min(timing.min_run_time_s, 0.05), retries=0)
+
+
+def _in_rank_over_profile(kernel_s: Mapping[str, float], model: Any) -> float:
+    """Median over a rank's kernels of in-rank seconds / the profile's measurement (kernels
+    the profile holds)."""
+    profiled = getattr(model, "measured_s", {}) or {}
+    ratios = [kernel_s[k] / profiled[k] for k in kernel_s if profiled.get(k)]
+    return float(np.median(ratios)) if ratios else float("nan")
 
 
 STRAGGLER_RULE = ("predicted: the rank with the most busy seconds (L3 held out); measured: the rank with the most "

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -236,7 +236,8 @@ MEASURED_SEGMENTS = ("router", "dispatch_prep", "dispatch_a2a", "experts", "comb
 
 def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
                     warmup: int = 2, repeats: int = 10, evict_bytes: int = 0,
-                    a2a_sizes: Sequence[int] = (), allocator: str = "steady") -> dict[str, Any]:
+                    a2a_sizes: Sequence[int] = (), allocator: str = "steady",
+                    replay: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One rank: for each case, ``time_step`` of the phase-timed layer and the rank's
     [repeats, len(MEASURED_SEGMENTS)] segment seconds; with ``evict_bytes`` > 0 a buffer that
     large is written before every repeat (untimed), so each step starts from cold caches.
@@ -244,7 +245,12 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
     (``ep_collectives.time_all_to_all_grid``, for a collective model fitted in the same launch).
     ``allocator``: the profile's host allocator mode (``costmodel.measure.allocator``, part of its
     fingerprint), applied first: a spawned rank starts with glibc's default, whose fresh pages
-    per large tensor made partitioned GNN layers 2.3x slower than under ``steady``."""
+    per large tensor made partitioned GNN layers 2.3x slower than under ``steady``.
+    ``replay`` (a ``TimingConfig``'s fields, or None): after a case's steps, the rank also
+    times each distinct kernel of its own phases (``ep_predict.ep_rank_kernels``) with the
+    profile's runners, cold operands and timing, all ranks at once as in the step; returned
+    per case as ``kernel_s`` {kernel key: median seconds} (rank replay: how fast the rank's
+    kernels run inside the ranks, against the profile's)."""
     from sim.distributed.ep_collectives import time_all_to_all_grid  # noqa: PLC0415
 
     from costmodel.measure.allocator import configure_allocator  # noqa: PLC0415
@@ -270,22 +276,45 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
         marks = np.asarray(layer.phase_marks[warmup:], dtype=np.float64)
         out.append({"step": step, "phase_s": np.diff(marks, axis=1)})
         del layer
+        if replay is not None:
+            out[-1]["kernel_s"] = time_rank_kernels(cfg, plan, rank, replay)
     return {"cases": out, "a2a": a2a}
+
+
+def time_rank_kernels(cfg: MoEConfig, plan: EPPlan, rank: int, timing: Mapping[str, Any]) -> dict[str, float]:
+    """Median seconds of each distinct kernel of ``rank``'s phases, timed in this process
+    with the profile's runners (cold operands) and ``timing`` (``TimingConfig`` fields); the
+    ranks meet at a barrier first, so they time side by side as they run the step."""
+    from costmodel.measure.runners import make_runner  # noqa: PLC0415
+    from costmodel.measure.timing import TimingConfig, measure  # noqa: PLC0415
+    from sim.distributed.ep_predict import PHASES, ep_rank_kernels  # noqa: PLC0415
+
+    config = TimingConfig(**dict(timing))
+    kernels = ep_rank_kernels(cfg, plan)[rank]
+    distinct = {s.key(): s for p in PHASES for s in kernels[p]}
+    dist.barrier()
+    return {key: float(measure(make_runner(spec, "cpu", cold=config.cold_cache), config=config).median_s)
+            for key, spec in distinct.items()}
 
 
 def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, warmup: int = 2,
                   repeats: int = 10, evict_bytes: int = 0, a2a_sizes: Sequence[int] = (),
-                  timeout_s: float = 600.0, allocator: str = "steady") -> dict[str, Any]:
+                  timeout_s: float = 600.0, allocator: str = "steady",
+                  replay: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every case timed on ``world_size`` gloo processes in one launch: per case the
-    slowest-rank step ``Measurement`` and each rank's [repeats, segments] phase seconds;
+    slowest-rank step ``Measurement`` and each rank's [repeats, segments] phase seconds
+    (and, with ``replay``, each rank's ``kernel_s``: ``ep_phase_worker``);
     ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first."""
     for i, (cfg, _, _) in enumerate(cases):
         if x.shape != (cfg.tokens, cfg.d_model):
             raise ValueError(f"case {i}: x must be [moe.tokens={cfg.tokens}, moe.d_model={cfg.d_model}], "
                              f"got {list(x.shape)}")
     run = run_ep(world_size, ep_phase_worker,
-                 (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator),
+                 (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator,
+                  None if replay is None else dict(replay)),
                  timeout_s=timeout_s)
     per_case = [{"step": run.results[0]["cases"][i]["step"],
-                 "phase_s": [r["cases"][i]["phase_s"] for r in run.results]} for i in range(len(cases))]
+                 "phase_s": [r["cases"][i]["phase_s"] for r in run.results],
+                 **({"kernel_s": [r["cases"][i]["kernel_s"] for r in run.results]} if replay is not None else {})}
+                for i in range(len(cases))]
     return {"cases": per_case, "a2a": run.results[0]["a2a"], "note": run.note, "cores": run.cores}

@@ -259,6 +259,33 @@ def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS) -> Kerne
     return times
 
 
+def rank_replay_kernel_times(per_rank_s: Sequence[Mapping[str, float]], fallback: KernelTimes,
+                             level: str = "L3", per_call_s: float = 0.0) -> KernelTimes:
+    """Kernel seconds as each rank measured its own kernels inside its process (rank replay,
+    ``ep_layer.ep_phase_worker(replay=...)``): at ``level`` a trace's seconds are the sum of
+    its kernels' in-rank medians (keyed by ``KernelSpec.key()``) plus ``per_call_s`` per
+    kernel (the cold-call overhead the cost model charges each kernel of a cold layer,
+    ``sim.simulator.cold_call_extra_s``, so replay and lookup compose alike); other levels and kernels no
+    rank measured (the balanced counterpart's) come from ``fallback``. The traces arrive
+    rank-major, ``len(PHASES)`` per rank (``_level_timelines``), so trace i is rank
+    ``i // len(PHASES)``'s. A composition check, not a prediction: the kernels were timed on
+    the very ranks being scored."""
+    W = len(per_rank_s)
+
+    def times(traces: Sequence[Sequence[KernelSpec]]) -> dict[str, np.ndarray]:
+        out = {lv: np.asarray(v, dtype=np.float64).copy() for lv, v in fallback(traces).items()}
+        if len(traces) != W * len(PHASES):
+            return out
+        for i, trace in enumerate(traces):
+            seconds = per_rank_s[i // len(PHASES)]
+            keys = [s.key() for s in trace]
+            if all(k in seconds for k in keys):
+                out[level][i] = float(sum(seconds[k] for k in keys)) + per_call_s * len(keys)
+        return out
+
+    return times
+
+
 def _collective(cm: Any, send_bytes: np.ndarray, level: str) -> np.ndarray:
     W = send_bytes.shape[0]
     if level in FLOPS_ONLY_LEVELS:

@@ -155,3 +155,26 @@ def test_layer_arguments_are_checked_without_a_process_group():
 def test_step_timing_arguments(kwargs, error, message):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         time_step(lambda: None, **kwargs)
+
+
+def test_rank_replay_times_each_ranks_own_kernels_inside_the_ranks():
+    """``run_ep_phases(replay=...)``: every rank returns one positive median per distinct kernel
+    of its own phases (``ep_rank_kernels``), nothing else, for every case."""
+    from dataclasses import asdict
+
+    from costmodel.measure.timing import TimingConfig
+    from sim.distributed.ep_layer import run_ep_phases
+    from sim.distributed.ep_predict import PHASES, ep_rank_kernels
+
+    skewed = _routing(ZipfRouting(2.0))
+    grouped = replace(CFG, backend="grouped")
+    cases = [(grouped, plan_expert_parallel(grouped, skewed, world_size=2, placement="contiguous"), skewed)]
+    x = np.random.default_rng(0).standard_normal((CFG.tokens, CFG.d_model)).astype(np.float32)
+    quick = TimingConfig(min_run_time_s=0.005, min_runs=3, retries=0, cold_cache=False)
+    out = run_ep_phases(cases, x, world_size=2, seed=SEED, warmup=0, repeats=3, timeout_s=120, replay=asdict(quick))
+    per_rank = out["cases"][0]["kernel_s"]
+    assert len(per_rank) == 2
+    for r, seconds in enumerate(per_rank):
+        kernels = ep_rank_kernels(grouped, cases[0][1])[r]
+        assert set(seconds) == {s.key() for p in PHASES for s in kernels[p]}
+        assert all(v > 0 for v in seconds.values())

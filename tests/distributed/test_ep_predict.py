@@ -11,6 +11,7 @@ from sim.distributed.ep_plan import plan_expert_parallel
 from sim.distributed.ep_predict import (
     PHASES, actual_rank_work, balanced_bytes, balanced_rank_work, ep_rank_kernels, predict_ep_step, rank_timelines,
 )
+from costmodel.families.gemm import GemmSpec
 from sim.moe_layer import MoEConfig
 
 # the plan tests' hand case: T=4, top-2 of E=4 on W=2, 8-byte rows
@@ -192,3 +193,25 @@ def test_a_colocation_factor_of_two_doubles_the_experts_phase_and_nothing_else()
                    {p: a.compute_s[p] for p in PHASES if p != "experts"}
             assert b.collective_s == a.collective_s
     assert beside.meta["colocation"] == {"grouped_gemm": 2.0}
+
+
+def test_rank_replay_sums_each_ranks_own_kernel_seconds_plus_the_per_call_overhead():
+    from sim.distributed.ep_predict import rank_replay_kernel_times
+
+    plan = plan_expert_parallel(CFG, IDS, world_size=2, placement="contiguous")
+    kernels = ep_rank_kernels(CFG, plan)
+    # rank 0's kernels all take 1 ms, rank 1's 2 ms, as if each rank had timed its own
+    per_rank = [{s.key(): 1e-3 * (r + 1) for p in PHASES for s in kernels[r][p]} for r in range(2)]
+    times = rank_replay_kernel_times(per_rank, flops_times, per_call_s=1e-5)
+    traces = [kernels[r][p] for r in range(2) for p in PHASES]
+    got = times(traces)
+    for i, trace in enumerate(traces):
+        r = i // len(PHASES)
+        assert got["L3"][i] == pytest.approx(len(trace) * (1e-3 * (r + 1) + 1e-5))
+        assert got["L2"][i] == pytest.approx(flops_times([trace])["L2"][0])  # other levels: the fallback
+    # a trace with a kernel its rank did not time falls back at L3 too
+    alien = [list(traces[0]) + [GemmSpec(3, 5, 7)]] + traces[1:]
+    assert times(alien)["L3"][0] == pytest.approx(flops_times(alien)["L3"][0])
+    pred = predict_ep_step(CFG, plan, times, FakeCollectives([1e-6, 2e-6]))
+    assert pred.timelines["L3"][1].compute_s["experts"] == pytest.approx(
+        len(kernels[1]["experts"]) * (2e-3 + 1e-5))

@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -67,6 +68,11 @@ def test_tiny_run_writes_the_common_schema_and_two_timelines_per_point(tiny_run)
     details = written["details"]
     assert details["scoring"] == "held-out" and details["heldout"]["scored"]
     assert set(details["profile_lookup"]["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
+    replay = details["replay"]  # rank replay: each rank's kernels timed inside the ranks
+    assert replay["median_ape_pct"]["L3"] >= 0 and "composition check" in replay["what"]
+    assert set(replay["kernels_in_rank_over_profile"]) == {"rank0", "rank1"}
+    table = pd.read_csv(out / "results.csv")
+    assert (table["pred_replay_L3_s"] > 0).all() and (table["pred_replay_L3_s"] != table["pred_L3_s"]).any()
     points = details["ep"]["points"]
     assert len(points) == 6 and {p["placement"] for p in points} == {"contiguous", "round_robin", "load_aware"}
     for p in points:
