@@ -180,10 +180,13 @@ def class_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
-    validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    if plan is None:
+        validate(cfg)
+    rt = Runtime.from_cfg(cfg, checked=True)
     out = output_dir(cfg, out_dir)
     workloads, suite = build_workloads(cfg, rt)
     model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)),

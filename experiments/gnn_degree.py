@@ -23,6 +23,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
+from costmodel.cli.config_schema import Interval, Names  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
@@ -43,11 +44,18 @@ from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
 #: this experiment can predict without measuring (``measure=false``)
 MEASURES = "optional"
 
+#: the GNN layer's fields, shared by gnn_degree and gnn_partition (beside
+#: ``experiments.common.COMMON_CONSTRAINTS``); kind, aggregation, edge order and backend
+#: names are checked by ``GNNConfig`` against what sim registers
+CONSTRAINTS: dict[str, Any] = {
+    **{f"gnn.{key}": Interval(int, 1, None) for key in ("num_nodes", "num_edges", "in_features", "out_features")},
+    "gnn.backends": Names(what="backend"),
+}
+
+
 def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
     g = cfg["gnn"]
-    backends = backend_list(g["backends"], "gnn.backends")
-    if not backends:
-        raise ValueError("gnn.backends must list at least one of index_add, scatter_reduce, torch_scatter, sparse_csr")
+    backends = backend_list(g["backends"])
     return [
         GNNConfig(num_nodes=g["num_nodes"], in_features=g["in_features"], out_features=g["out_features"],
                   kind=g["kind"], aggregation=g["aggregation"], backend=b, edge_order=g["edge_order"], dtype=dtype)
@@ -56,18 +64,19 @@ def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
 
 
 def graph_sweep(cfg: Mapping[str, Any]) -> tuple[int, dict[str, bool], list[tuple[Any, Any]]]:
-    """(edges, graph options, (sweep value, generator) per point), all validated; nothing generated."""
+    """(edges, graph options, (sweep value, generator) per point), all validated (``gnn.num_edges``
+    by ``CONSTRAINTS``); nothing generated."""
     num_edges = cfg["gnn"]["num_edges"]
-    if isinstance(num_edges, bool) or not isinstance(num_edges, int) or num_edges < 1:
-        raise ValueError(f"gnn.num_edges must be a positive integer (>= 1), got {num_edges!r}")
     options = check_graph_options(cfg["graph"].get("options"))
     return num_edges, options, instantiate_sweep(cfg["graph"], "graph")
 
 
-def make_graphs(cfg: Mapping[str, Any], seed: int) -> list[tuple[Any, torch.Tensor]]:
-    """(sweep value, edge index) per point of the graph generator's sweep."""
+def make_graphs(cfg: Mapping[str, Any], seed: int,
+                sweep: tuple[int, dict[str, bool], list[tuple[Any, Any]]] | None = None) -> list[tuple[Any, torch.Tensor]]:
+    """(sweep value, edge index) per point of the graph generator's sweep (``graph_sweep(cfg)``,
+    unless already built)."""
     num_nodes = cfg["gnn"]["num_nodes"]
-    num_edges, options, sweep = graph_sweep(cfg)
+    num_edges, options, sweep = graph_sweep(cfg) if sweep is None else sweep
     graphs = []
     for i, (value, gen) in enumerate(sweep):
         edge_index = gen(num_nodes, num_edges, seed=seed + i, **options)
@@ -76,20 +85,22 @@ def make_graphs(cfg: Mapping[str, Any], seed: int) -> list[tuple[Any, torch.Tens
     return graphs
 
 
-def validate(cfg: Any) -> list[GNNConfig]:
-    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
-    sweep before the first starts): base keys, layer configs, the graph generator, its
-    sweep and options, and whether the layers fit the device's memory. Returns the configs."""
+def validate(cfg: Any) -> tuple[list[GNNConfig], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
+    """The schema check (``CONSTRAINTS`` with the shared ones) and what ``run`` derives from
+    the config without measuring: the layer configs, the graph generator, its sweep and
+    options, whether the layers fit the device's memory. Run once per job, by the entry point
+    (and on every job of a ``-m`` sweep before the first starts); returns ``run``'s plan:
+    (configs, ``graph_sweep``)."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     configs = gnn_configs(cfg, str(cfg["dtype"]))
-    num_edges, options, sweep = graph_sweep(cfg)
+    num_edges, options, sweep = graphs = graph_sweep(cfg)
     edges_bound = num_edges * (2 if options.get("undirected") else 1)  # undirected adds the reversed edges
-    check_fits_device(combine(gnn_need(c, num_edges=edges_bound, graphs=len(sweep)) for c in configs), device,
+    check_fits_device(combine([gnn_need(c, num_edges=edges_bound, graphs=len(sweep)) for c in configs]), device,
                       what=f"the GNN layers of gnn_degree ({len(configs)} backends x {len(sweep)} graphs)",
                       knobs=["gnn.num_nodes", "gnn.num_edges", "gnn.in_features", "gnn.out_features",
                              "graph.sweep.values", "gnn.backends"])
-    return configs
+    return configs, graphs
 
 
 def _src_read_shares(configs: list[GNNConfig], graphs: list[tuple[float, torch.Tensor]]) -> list[float]:
@@ -115,12 +126,14 @@ def runnable_configs(configs: list[GNNConfig]) -> tuple[list[GNNConfig], dict[st
     return configs, unavailable
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
-    configs = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, sweep = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     configs, unavailable = runnable_configs(configs)
-    graphs = make_graphs(cfg, rt.seed)  # validates the sweep and every edge index before any timing
+    graphs = make_graphs(cfg, rt.seed, sweep)  # checks every edge index before any timing
     meas = cfg["per_kernel"]
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)

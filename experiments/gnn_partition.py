@@ -44,11 +44,13 @@ import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
+from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
     plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
 )
 from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
+from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
@@ -73,19 +75,38 @@ QUICK_SUITE = {"ops": ["all_to_all"], "sizes": {"min_bytes": 256, "max_bytes": 4
 SUITE_FILE = Path(__file__).resolve().parents[1] / "conf" / "suite" / "collectives.yaml"
 
 
-def _int_in(value: Any, field: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{field} must be an integer in [{lo}, {hi}], got {value!r}")
-    return value
-
-
 def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _world_size_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
+    """Measured: one pinned core per rank, at most the node count (measure=false: anything)."""
+    return cfg.get("measure", True) is False or (is_int(value) and 2 <= value <= min(usable_cores(), cfg["gnn"]["num_nodes"]))
+
+
+def _world_size_words(cfg: Mapping[str, Any]) -> str:
+    cores, nodes = usable_cores(), cfg["gnn"]["num_nodes"]
+    return (f"an integer in [2, {min(cores, nodes)}] (one pinned core per rank: this process may use {cores} cores; "
+            f"at most gnn.num_nodes={nodes}; measure=false predicts any partition.whatif_world_size)")
+
+
+#: gnn_partition's fields: the GNN layer's (``experiments.gnn_degree.CONSTRAINTS``) and the
+#: ``partition`` block's (the partitioners, metis needing pymetis, are checked by ``check_partition``)
+CONSTRAINTS: dict[str, Any] = {
+    **GNN_CONSTRAINTS,
+    "partition.world_size": Rule(_world_size_ok, _world_size_words),
+    "partition.whatif_world_size": at_most("gnn.num_nodes", low=2, words="an integer in"),
+    "partition.collective_suite": Options(["full", "quick"]),
+    "partition.warmup": Interval(int, 0, 50),
+    "partition.repeats": Interval(int, 3, MAX_REPEATS),
+    "partition.rounds": Interval(int, 1, 20),
+    "partition.timeout_s": Interval(int, 10, 3600),
+}
+
+
 def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> dict[str, Any]:
-    """The ``partition`` block: world size (measured: one pinned core per rank, at most the
-    node count), partitioners (metis: pymetis importable), repeats, the what-if size."""
+    """The ``partition`` block (its fields checked by ``CONSTRAINTS``) with the partitioners
+    checked (metis: pymetis importable) and its defaults filled in."""
     part = cfg.get("partition") or {}
     names = part.get("partitioners", list(PARTITIONERS))
     if isinstance(names, str):
@@ -103,47 +124,33 @@ def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> 
         except ImportError as err:
             raise ValueError(f"partition.partitioners: 'metis' needs pymetis, which is not importable here ({err}); "
                              f"install it with `{METIS_INSTALL}` or drop metis from the list") from None
-    W = part.get("world_size", 2)
-    if measuring:
-        cores = usable_cores()
-        hi = min(cores, num_nodes)
-        if isinstance(W, bool) or not isinstance(W, int) or not 2 <= W <= hi:
-            raise ValueError(f"partition.world_size must be an integer in [2, {hi}] (one pinned core per rank: this "
-                             f"process may use {cores} cores; at most gnn.num_nodes={num_nodes}), got {W!r} "
-                             "(measure=false predicts any partition.whatif_world_size)")
-    whatif = _int_in(part.get("whatif_world_size", 8), "partition.whatif_world_size", 2, num_nodes)
-    suite = part.get("collective_suite", "full")
-    if suite not in ("full", "quick"):
-        raise ValueError(f"partition.collective_suite must be one of ['full', 'quick'], got {suite!r}")
+    W, whatif = part.get("world_size", 2), part.get("whatif_world_size", 8)
     return {"world_size": W if measuring else whatif, "partitioners": list(dict.fromkeys(names)),
-            "warmup": _int_in(part.get("warmup", 2), "partition.warmup", 0, 50),
-            "repeats": _int_in(part.get("repeats", 10), "partition.repeats", 3, MAX_REPEATS),
-            "rounds": _int_in(part.get("rounds", 3), "partition.rounds", 1, 20),
-            "timeout_s": _int_in(part.get("timeout_s", 600), "partition.timeout_s", 10, 3600),
-            "collective_suite": suite}
+            "warmup": part.get("warmup", 2), "repeats": part.get("repeats", 10), "rounds": part.get("rounds", 3),
+            "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full")}
 
 
-def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any]]:
+def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
     """Every check that needs no measuring: base keys, layer configs (feature widths >= 1),
     the graph sweep, the partition block (partitioners, world size against nodes and cores),
     memory. Returns the configs and the partition block."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     measuring = check_measure_keys(cfg)
     if device.type != "cpu":
         raise ValueError(f"experiment=gnn_partition runs its ranks as gloo processes on CPU; device must be cpu, "
                          f"got {device}")
     configs = gnn_configs(cfg, str(cfg["dtype"]))
-    num_edges, options, sweep = graph_sweep(cfg)
+    num_edges, options, sweep = graphs = graph_sweep(cfg)
     part = check_partition(cfg, configs[0].num_nodes, measuring)
     if measuring:  # each rank holds a layer per case, at most the whole graph each
         edges = num_edges * (2 if options.get("undirected") else 1)
         cases = len(sweep) * len(part["partitioners"])
-        check_fits_device(combine(gnn_need(c, num_edges=edges, graphs=cases) for c in configs * (part["world_size"] + 1)),
+        check_fits_device(combine([gnn_need(c, num_edges=edges, graphs=cases) for c in configs * (part["world_size"] + 1)]),
                           device, what=f"the partitioned GNN layers of gnn_partition ({part['world_size']} ranks)",
                           knobs=["gnn.num_nodes", "gnn.num_edges", "gnn.in_features", "graph.sweep.values",
                                  "partition.partitioners", "partition.world_size"])
-    return configs, part
+    return configs, part, graphs
 
 
 # ----------------------------------------------------------------------------- cases
@@ -227,16 +234,18 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
 # ----------------------------------------------------------------------------- run
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
-    configs, part = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, part, sweep = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     configs, unavailable = runnable_configs(configs)
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
     progress = bool(cfg.get("progress", True))
     W = part["world_size"]
-    graphs = make_graphs(cfg, rt.seed)
+    graphs = make_graphs(cfg, rt.seed, sweep)
     console.print(f"planning {len(graphs)} graphs x {len(part['partitioners'])} partitioners on W={W} ranks")
     points = _plan_points(configs, graphs, part, rt.seed)
     traces = [t for pt in points for rank in pt["traces"] for t in rank.values() if t]

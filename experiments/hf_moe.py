@@ -143,11 +143,13 @@ def validate(cfg: Any) -> list[tuple[Any, Any]]:
     return generators
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
     h = cfg["hf_moe"]
-    generators = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    generators = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     dtype = getattr(torch, rt.dtype)
     impls = [i for i in h["implementations"] if not impl_unavailable_reason(i, h, rt.dtype, rt.device)]
     unavailable = {i: impl_unavailable_reason(i, h, rt.dtype, rt.device) for i in h["implementations"] if i not in impls}

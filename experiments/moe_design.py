@@ -477,12 +477,14 @@ def validate(cfg: Any) -> dict[str, Any]:
     return check_design(cfg)
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
-    spec = validate(cfg)
+    spec = validate(cfg) if plan is None else plan
     measuring = check_measure_keys(cfg)
     progress = bool(cfg.get("progress", True))
-    rt = Runtime.from_cfg(cfg)
+    rt = Runtime.from_cfg(cfg, checked=True)
     probe = [MoEConfig(tokens=1, d_model=d, d_ff=spec["ffn_mult"] * d, num_experts=1, top_k=1, expert=spec["expert"],
                        backend=b, dtype=rt.dtype) for b in spec["backends"] for d in spec["d_model"]]
     unavailable = {c.backend: r for c in probe if (r := backend_unavailable_reason(c, rt.device))}

@@ -213,10 +213,12 @@ def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile") 
     return fallback, "latency-bandwidth fit saved by an earlier measuring run (sim.distributed.ep_collectives)"
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
-    configs, generators, capacity, ep = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, generators, capacity, ep = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:

@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
+from costmodel.cli.config_schema import Interval, Names, at_most  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
@@ -37,7 +38,7 @@ from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
-from sim.routing import check_capacity_factor, route  # noqa: E402
+from sim.routing import route  # noqa: E402
 
 
 #: this experiment can predict without measuring (``measure=false``)
@@ -48,41 +49,53 @@ def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     return instantiate_sweep(cfg["routing"], "routing")
 
 
+#: moe_skew's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``);
+#: what the fields cannot say (the backends registered, the generator's keywords, memory)
+#: ``validate`` derives once
+CONSTRAINTS: dict[str, Any] = {
+    **{f"moe.{key}": Interval(int, 1, None) for key in ("tokens", "d_model", "d_ff", "num_experts")},
+    "moe.top_k": at_most("moe.num_experts"),
+    "moe.backends": Names(what="backend"),
+    "routing.capacity_factor": [Interval(float, 0, None, closed="neither", words="a number > 0 (such as 1.25)"), None],
+}
+
+
 def moe_configs(cfg: Mapping[str, Any], dtype: str) -> list[MoEConfig]:
     m = cfg["moe"]
-    backends = backend_list(m["backends"], "moe.backends")
-    if not backends:
-        raise ValueError("moe.backends must list at least one of loop, padded, grouped")
     return [
         MoEConfig(tokens=m["tokens"], d_model=m["d_model"], d_ff=m["d_ff"], num_experts=m["num_experts"],
                   top_k=m["top_k"], expert=m["expert"], backend=b, dtype=dtype)
-        for b in backends
+        for b in backend_list(m["backends"])
     ]
 
 
 def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None]:
-    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
-    sweep before the first starts): base keys, layer configs, routing generators and
-    capacity, and whether the layers fit the device's memory. Returns (configs, generators,
-    capacity factor)."""
+    """The schema check (``CONSTRAINTS`` with the shared ones) and what ``run`` derives from
+    the config without measuring: the layer configs, the routing generators, whether the
+    layers fit the device's memory. Run once per job, by the entry point before the
+    measuring lock (and on every job of a ``-m`` sweep before the first starts); returns
+    ``run``'s plan: (configs, generators, capacity factor)."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     configs = moe_configs(cfg, str(cfg["dtype"]))
     generators = routing_generators(cfg)
-    capacity = check_capacity_factor(cfg["routing"].get("capacity_factor"))
+    capacity = cfg["routing"].get("capacity_factor")
+    capacity = None if capacity is None else float(capacity)
     base = configs[0]
     max_rows = None if capacity is None else math.ceil(capacity * base.tokens * base.top_k / base.num_experts)
-    check_fits_device(combine(moe_need(c, max_rows_per_expert=max_rows) for c in configs), device,
+    check_fits_device(combine([moe_need(c, max_rows_per_expert=max_rows) for c in configs]), device,
                       what=f"the MoE layers of moe_skew ({len(configs)} backends)",
                       knobs=["moe.d_model", "moe.d_ff", "moe.num_experts", "moe.tokens", "moe.backends"])
     return configs, generators, capacity
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *,
+        plan: tuple[list[MoEConfig], list[tuple[Any, Any]], float | None] | None = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
-    # --- validate everything before any work
-    configs, generators, capacity = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, generators, capacity = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
     for backend, reason in unavailable.items():
         console.print(f"[yellow]backend {backend!r} is unavailable here and is skipped:[/] {reason}")

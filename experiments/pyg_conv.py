@@ -89,13 +89,15 @@ def validate(cfg: Any) -> list[tuple[Any, Any]]:
     return make_graphs(cfg, int(cfg.get("seed", 0)))  # validates the sweep and every edge index
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
+    once and hands it over); without it (called from Python) ``run`` validates first."""
     cfg = config_dict(cfg)
     p = cfg["pyg"]
-    graphs = validate(cfg)
+    graphs = validate(cfg) if plan is None else plan
     from torch_geometric.nn import GCNConv, GraphSAGE, SAGEConv
 
-    rt = Runtime.from_cfg(cfg)
+    rt = Runtime.from_cfg(cfg, checked=True)
     dtype = getattr(torch, rt.dtype)
     out = output_dir(cfg, out_dir)
     N = p["num_nodes"]
