@@ -292,6 +292,7 @@ def _timing_constraints() -> dict[str, Any]:
 def _base_constraints() -> dict[str, Any]:
     from costmodel.measure.allocator import ALLOCATOR_MODES
     from costmodel.measure.device import DEVICE_KINDS, FLOAT_DTYPES
+    from costmodel.store.locks import MEASURE_MODES
 
     return {
         "device": Options(list(DEVICE_KINDS)),
@@ -301,6 +302,8 @@ def _base_constraints() -> dict[str, Any]:
         "seed": Interval(int, 0, None),
         **_timing_constraints(),
         "measure_lock": [Keys(["mode", "timeout_s", "path"]), None],
+        "measure_lock.mode": Options(list(MEASURE_MODES)),
+        "measure_lock.timeout_s": Interval(float, 0, None, closed="neither", words="a number of seconds > 0"),
         "limits.*.*": Interval(float, 0, None, closed="neither"),
     }
 

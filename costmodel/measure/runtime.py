@@ -21,7 +21,7 @@ from costmodel.measure.allocator import ALLOCATOR_MODES, configure_allocator
 from costmodel.measure.bench import SizeLimits
 from costmodel.measure.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.measure.timing import TimingConfig
-from costmodel.store.locks import MeasureLockConfig, measuring
+from costmodel.store.locks import MeasureLockConfig, check_lock_path, measuring
 from costmodel.store.profile import DeviceProfile
 
 
@@ -45,7 +45,9 @@ def check_cfg(cfg: Mapping[str, Any], constraints: Mapping[str, Any] | None = No
     check(cfg, {**BASE_CONSTRAINTS, **dict(constraints or {})})
     device = resolve_device(str(cfg["device"]))
     check_dtype(str(cfg["dtype"]), device)
-    MeasureLockConfig.from_cfg(cfg.get("measure_lock"))
+    lock_path = (cfg.get("measure_lock") or {}).get("path")
+    if lock_path is not None:  # its folder must exist (derived: the file system says)
+        check_lock_path(lock_path)
     limits = (cfg.get("limits") or {}).get(device.type)
     if not isinstance(limits, Mapping):
         raise ValueError(f"limits.{device.type} must be a mapping of max_flops, max_bytes (and max_call_s) for "
