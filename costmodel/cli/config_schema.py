@@ -137,14 +137,17 @@ class Names:
 
 @dataclass(frozen=True)
 class ListOf:
-    """A list of at least ``min_len`` items, each satisfying ``item`` (a constraint or a list)."""
+    """A list of at least ``min_len`` (at most ``max_len``) items, each satisfying ``item``
+    (a constraint or a list of them)."""
 
     item: Any
     min_len: int = 1
     words: str | None = None
+    max_len: int | None = None
 
     def accepts(self, value: Any, cfg: Mapping[str, Any]) -> bool:
         return (isinstance(value, (list, tuple)) and len(value) >= self.min_len
+                and (self.max_len is None or len(value) <= self.max_len)
                 and all(_accepts(self.item, v, cfg) for v in value))
 
     def describe(self, cfg: Mapping[str, Any]) -> str:
