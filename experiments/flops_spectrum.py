@@ -188,8 +188,7 @@ def class_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     if plan is None:
         validate(cfg)

@@ -56,8 +56,7 @@ def validate(cfg: Any) -> list[tuple[str, float, Any]]:
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     shapes = validate(cfg) if plan is None else plan
     rt = Runtime.from_cfg(cfg, checked=True)

@@ -28,10 +28,10 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
-    print_summary, print_table, skew_axis_label, summary, write_outputs,
+    skew_axis_label, summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+    Workload, kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.backends import gnn_backend  # noqa: E402
@@ -127,14 +127,12 @@ def runnable_configs(configs: list[GNNConfig]) -> tuple[list[GNNConfig], dict[st
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     configs, sweep = validate(cfg) if plan is None else plan
     rt = Runtime.from_cfg(cfg, checked=True)
     configs, unavailable = runnable_configs(configs)
     graphs = make_graphs(cfg, rt.seed, sweep)  # checks every edge index before any timing
-    meas = cfg["per_kernel"]
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
     base = configs[0]
@@ -171,18 +169,12 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
-    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="gnn_degree")
-    pairing = pairing_for(cfg, rt, "gnn")
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing, heldout=heldout,
-                            references=drift_references(rt, suite), description="measure gnn layers (and their kernels)",
-                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    model = heldout.model  # the per-kernel breakdown is held out too, as the headline
+    df, model = measure_sweep(cfg, rt, model, workloads, what="gnn_degree", suite="gnn",
+                              references=lambda: drift_references(rt, suite),
+                              description="measure gnn layers (and their kernels)")
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
-    kp = int(meas["point"]) % len(graphs)
-    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["iterations"]), timing=rt.timing)
-    per_kernel.to_csv(out / "per_kernel.csv", index=False)
+    kp, per_kernel = kernel_point_table(cfg, rt, model, workloads, len(graphs), out)  # held out, as the headline
 
     winners = df[df["winner"]][["value", "degree_cv", "backend"]]
     summ = summary("gnn_degree", rt.fingerprint.describe(), df, details={
@@ -195,14 +187,13 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     })
     write_outputs(out, df, summ)
     _plots(df, out, cfg)
-    print_table(df, {"value": "", "backend": "", "degree_cv": ".2f", "max_over_mean": ".0f", "measured_s": "ms",
-                     "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
-                     "ape_L0_pct": ".1f", "ape_L3_pct": ".1f", "winner": ""},
-                title=f"GNN layer latency vs {cfg['graph']['sweep']['param']} (ms; APE %)")
-    print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['graph']['sweep']['param']}={graphs[kp][0]} (profiler, ms)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    param = cfg["graph"]["sweep"]["param"]
+    return print_sweep_report(
+        df, per_kernel, summ, out, title=f"GNN layer latency vs {param} (ms; APE %)",
+        columns={"value": "", "backend": "", "degree_cv": ".2f", "max_over_mean": ".0f", "measured_s": "ms",
+                 "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
+                 "ape_L0_pct": ".1f", "ape_L3_pct": ".1f", "winner": ""},
+        breakdown_title=f"per-kernel breakdown at {param}={graphs[kp][0]} (profiler, ms)")
 
 
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],

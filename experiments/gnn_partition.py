@@ -30,14 +30,12 @@ latency-bandwidth model with the W=2 profile's alpha and beta): it says that it 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
@@ -47,9 +45,12 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
-    plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
+    plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
-from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
+from experiments.distributed_common import (  # noqa: E402
+    finish_timelines, label_timeline_axis, print_straggler_and_summary, straggler_summary, timeline_grid, usable_cores,
+    variant_gains,
+)
 from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
@@ -73,10 +74,6 @@ PHASE_COLOURS = {"send": "C0", "halo": "C1", "layer": "C2"}
 QUICK_SUITE = {"ops": ["all_to_all"], "sizes": {"min_bytes": 256, "max_bytes": 4194304, "count": 5},
                "timing": {"warmup": 2, "min_repeats": 5, "max_repeats": 15, "budget_s": 0.1}, "timeout_s": 300}
 SUITE_FILE = Path(__file__).resolve().parents[1] / "conf" / "suite" / "collectives.yaml"
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _world_size_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
@@ -235,8 +232,7 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     configs, part, sweep = validate(cfg) if plan is None else plan
     rt = Runtime.from_cfg(cfg, checked=True)
@@ -330,12 +326,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f",
                                           "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"},
                     title="METIS over random: 1 - step(metis) / step(random)")
-    st = details["partition"]["straggler"]
-    console.print(f"straggler predicted = measured at {st['agree']} of {st['clear_points']} points whose ranks differ "
-                  f"beyond their noise ({st['points']} points in all)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    return print_straggler_and_summary(details["partition"]["straggler"], summ, out)
 
 
 def _measured_rank(phases: np.ndarray) -> dict[str, Any]:
@@ -418,13 +409,9 @@ STRAGGLER_RULE = ("predicted: the rank with the most kernel seconds (send + laye
 def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring: str, measured: bool) -> None:
     """Per partitioner (rows) at the least and the most skewed graph (columns): each rank's
     phases as horizontal bars, measured (pale) above predicted (waits hatched)."""
-    partitioners = list(dict.fromkeys(p["partitioner"] for p in points))
     backend = points[0]["backend"]
-    values = sorted({p["value"] for p in points}, key=float)
-    cols = [values[0], values[-1]] if len(values) > 1 else values[:1]
-    fig, axes = plt.subplots(len(partitioners), len(cols), figsize=(6.5 * len(cols), 1.4 + 0.55 * 2 * len(partitioners)
-                                                                    * len(points[0]["predicted"]["L3"]["ranks"])),
-                             squeeze=False)
+    ranks = len(points[0]["predicted"]["L3"]["ranks"])
+    partitioners, cols, fig, axes = timeline_grid(points, "partitioner", lambda rows: 1.4 + 0.55 * 2 * rows * ranks)
     for i, partitioner in enumerate(partitioners):
         for j, value in enumerate(cols):
             ax = axes[i][j]
@@ -449,29 +436,20 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
                     ticks.append(y)
                     y += 1
                 y += 0.4
-            ax.set_yticks(ticks, labels, fontsize=7)
-            ax.invert_yaxis()
             plan = pt["plan"]
             step = f"measured {pt['measured']['step_s'] * 1e3:.2f} ms, " if measured else ""
             edges = plan["rank_edges"]
             edges = edges if len(edges) <= 4 else f"{min(edges)}..{max(edges)}"
-            ax.set_title(f"{partitioner}, graph {value} (edges per rank {edges}, cut "
-                         f"{100 * plan['edge_cut_share']:.0f}%):\n{step}predicted {pt['predicted']['L3']['step_s'] * 1e3:.2f} ms",
-                         fontsize=8)
-            ax.set_xlabel("time from the step's start [ms]", fontsize=8)
-            ax.grid(True, axis="x", alpha=0.2)
+            label_timeline_axis(ax, ticks, labels, f"{partitioner}, graph {value} (edges per rank {edges}, cut "
+                                f"{100 * plan['edge_cut_share']:.0f}%):\n{step}predicted "
+                                f"{pt['predicted']['L3']['step_s'] * 1e3:.2f} ms")
     handles = [matplotlib.patches.Patch(color=c, label={"send": "send (gather)", "halo": "halo all-to-all",
                                                          "layer": "GNN layer (local)"}[p])
                for p, c in PHASE_COLOURS.items()]
-    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="///",
-                                            label="wait for the last rank (predicted)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
     what = ("measured (pale: median per phase; the halo includes its wait) above predicted " if measured
             else "predicted only (measure=false), ")
-    fig.suptitle(f"partitioned GNN step per rank, backend {backend}: {what}({scoring})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_timelines(fig, handles, wait_label="wait for the last rank (predicted)", path=path, rect=(0, 0.06, 1, 0.95),
+                     title=f"partitioned GNN step per rank, backend {backend}: {what}({scoring})")
 
 
 # ----------------------------------------------------------------------------- measure=false

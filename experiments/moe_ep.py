@@ -37,14 +37,12 @@ else a latency-bandwidth model fitted to the W=2 one; it says that it extrapolat
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
@@ -54,9 +52,12 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
-    plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
+    plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
-from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
+from experiments.distributed_common import (  # noqa: E402
+    finish_timelines, label_timeline_axis, print_straggler_and_summary, straggler_summary, timeline_grid, usable_cores,
+    variant_gains,
+)
 from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
@@ -135,10 +136,6 @@ def _placements(value: Any, num_experts: int, world_size: int) -> list[str | Exp
             raise ValueError(f"ep.placements[{i}] must be one of {list(PLACEMENTS)} (or {{slots: [[...], ...]}}), "
                              f"got {p!r}")
     return out
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[str, Any]:
@@ -224,8 +221,7 @@ def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile") 
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     configs, generators, capacity, ep = validate(cfg) if plan is None else plan
     rt = Runtime.from_cfg(cfg, checked=True)
@@ -317,12 +313,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f", "predicted_gain_L3": ".2f",
                                           "predicted_gain_L2": ".2f"},
                     title="load_aware over contiguous: 1 - step(load_aware) / step(contiguous)")
-    st = details["ep"]["straggler"]
-    console.print(f"straggler predicted = measured at {st['agree']} of {st['clear_points']} points whose ranks differ "
-                  f"beyond their noise ({st['points']} points in all)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
 
 
 def _colocation(rt: Runtime, ep: Mapping[str, Any], *, measuring: bool, progress: bool = False,
@@ -436,11 +427,7 @@ STRAGGLER_RULE = ("predicted: the rank with the most busy seconds (L3 held out);
 def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring: str, measured: bool) -> None:
     """Per placement (rows) at the least and the most concentrated routing (columns): each
     rank's phases as horizontal bars, the prediction (waits hatched) beside the measurement."""
-    placements = list(dict.fromkeys(p["placement"] for p in points))
-    values = sorted({p["value"] for p in points}, key=float)
-    cols = [values[0], values[-1]] if len(values) > 1 else values[:1]
-    fig, axes = plt.subplots(len(placements), len(cols), figsize=(6.5 * len(cols), 1.2 + 1.6 * len(placements)),
-                             squeeze=False)
+    placements, cols, fig, axes = timeline_grid(points, "placement", lambda rows: 1.2 + 1.6 * rows)
     for i, placement in enumerate(placements):
         for j, value in enumerate(cols):
             ax = axes[i][j]
@@ -466,22 +453,15 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
                     labels.append(f"rank {r} {name}")
                     y += 1
                 y += 0.4
-            ax.set_yticks([k + 0.4 * (k // (2 if measured else 1)) for k in range(len(labels))], labels, fontsize=7)
-            ax.invert_yaxis()
             step = f"measured {pt['measured']['step_s'] * 1e3:.2f} ms, " if measured else ""
-            ax.set_title(f"{placement}, routing {value}: {step}predicted {pt['predicted']['L3']['step_s'] * 1e3:.2f} ms",
-                         fontsize=8)
-            ax.set_xlabel("time from the step's start [ms]", fontsize=8)
-            ax.grid(True, axis="x", alpha=0.2)
+            label_timeline_axis(ax, [k + 0.4 * (k // (2 if measured else 1)) for k in range(len(labels))], labels,
+                                f"{placement}, routing {value}: {step}predicted "
+                                f"{pt['predicted']['L3']['step_s'] * 1e3:.2f} ms")
     handles = [matplotlib.patches.Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
-    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="///", label="wait (predicted)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
     what = ("measured bars (pale: medians per phase; dispatch and combine include their waits) above predicted "
             if measured else "predicted only (measure=false), ")
-    fig.suptitle(f"EP MoE step per rank: {what}({scoring})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_timelines(fig, handles, wait_label="wait (predicted)", path=path, rect=(0, 0.05, 1, 1),
+                     title=f"EP MoE step per rank: {what}({scoring})")
 
 
 # ----------------------------------------------------------------------------- measure=false

@@ -29,10 +29,10 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
-    print_summary, print_table, summary, write_outputs,
+    summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+    Workload, kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
@@ -91,8 +91,7 @@ def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *,
         plan: tuple[list[MoEConfig], list[tuple[Any, Any]], float | None] | None = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     configs, generators, capacity = validate(cfg) if plan is None else plan
     rt = Runtime.from_cfg(cfg, checked=True)
@@ -102,7 +101,6 @@ def run(cfg: Any, out_dir: str | Path | None = None, *,
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
         raise ValueError(f"no requested MoE backend can run here: {unavailable}")
-    meas = cfg["per_kernel"]
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
 
@@ -140,18 +138,11 @@ def run(cfg: Any, out_dir: str | Path | None = None, *,
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
-    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="moe_skew")
-    pairing = pairing_for(cfg, rt, "moe")
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing, heldout=heldout,
-                            references=drift_references(rt, suite), description="measure moe layers (and their kernels)",
-                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    model = heldout.model  # the per-kernel breakdown is held out too, as the headline
-
-    # --- per-kernel errors at one skewed point, every backend
-    kp = int(meas["point"]) % len(generators)
-    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["iterations"]), timing=rt.timing)
-    per_kernel.to_csv(out / "per_kernel.csv", index=False)
+    df, model = measure_sweep(cfg, rt, model, workloads, what="moe_skew", suite="moe",
+                              references=lambda: drift_references(rt, suite),
+                              description="measure moe layers (and their kernels)")
+    # --- per-kernel errors at one skewed point, every backend (held out too, as the headline)
+    kp, per_kernel = kernel_point_table(cfg, rt, model, workloads, len(generators), out)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
         **details,
@@ -162,14 +153,13 @@ def run(cfg: Any, out_dir: str | Path | None = None, *,
     })
     write_outputs(out, df, summ)
     _plots(df, out, cfg)
-    print_table(df, {"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "measured_s": "ms",
-                     "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L0_pct": ".1f",
-                     "ape_L3_pct": ".1f", "achieved_gflops": ".1f"},
-                title=f"MoE layer latency vs {cfg['routing']['sweep']['param']} (ms; APE %)")
-    print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['routing']['sweep']['param']}={generators[kp][0]} (profiler, ms)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    param = cfg["routing"]["sweep"]["param"]
+    return print_sweep_report(
+        df, per_kernel, summ, out, title=f"MoE layer latency vs {param} (ms; APE %)",
+        columns={"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "measured_s": "ms",
+                 "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L0_pct": ".1f",
+                 "ape_L3_pct": ".1f", "achieved_gflops": ".1f"},
+        breakdown_title=f"per-kernel breakdown at {param}={generators[kp][0]} (profiler, ms)")
 
 
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],

@@ -279,8 +279,7 @@ def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[PlacementWorkload], d
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     settings, workloads, memory = validate(cfg) if plan is None else plan  # everything checked before any work
     p = cfg["placement"]

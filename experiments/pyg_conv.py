@@ -21,10 +21,9 @@ matplotlib.use("Agg")
 import torch  # noqa: E402
 
 from costmodel.measure.runtime import Runtime  # noqa: E402
-from experiments.workloads import heldout_for, pairing_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
-    CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
+    CapturedWorkload, coverage_details, measure_captured, missing_extra_error, training_details,
 )
 from costmodel.cli.config_schema import Interval, ListOf, Options, Rule, is_int  # noqa: E402
 from experiments.common import (  # noqa: E402
@@ -87,8 +86,7 @@ def validate(cfg: Any) -> list[tuple[Any, Any]]:
 
 
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
-    """The experiment; ``plan`` is what ``validate(cfg)`` returned (the entry point checks
-    once and hands it over); without it (called from Python) ``run`` validates first."""
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     p = cfg["pyg"]
     graphs = validate(cfg) if plan is None else plan
@@ -139,11 +137,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="pyg_conv",
                              progress=bool(cfg.get("progress", True)),
                              heldout=distinct_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
-    heldout = heldout_for(rt, model, [w.captured.kernels() for w in workloads], what="pyg_conv")
-    pairing = pairing_for(cfg, rt, "pyg_conv")
-    df = evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description="measure pyg convs",
-                           progress=bool(cfg.get("progress", True)),
-                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing, heldout=heldout)
+    df = measure_captured(cfg, rt, model, workloads, what="pyg_conv", description="measure pyg convs")
     summ = summary("pyg_conv", rt.fingerprint.describe(), df, details={
         **coverage_details(df),
         "graph": {k: p[k] for k in ("num_nodes", "num_edges", "in_features", "hidden_features", "out_features")},

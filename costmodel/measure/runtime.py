@@ -8,7 +8,6 @@ fingerprint and the profile folder that belongs to it.
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,7 @@ from typing import Any, Mapping
 import torch
 from hydra.utils import to_absolute_path
 
-from costmodel.measure.allocator import ALLOCATOR_MODES, configure_allocator
+from costmodel.measure.allocator import configure_allocator
 from costmodel.measure.bench import SizeLimits
 from costmodel.measure.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.measure.timing import TimingConfig
