@@ -18,7 +18,7 @@ from hydra.utils import to_absolute_path
 
 from costmodel.measure.allocator import configure_allocator
 from costmodel.measure.bench import SizeLimits
-from costmodel.measure.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
+from costmodel.measure.device import Fingerprint, check_dtype, check_threads, device_of, fingerprint, resolve_device
 from costmodel.measure.timing import TimingConfig
 from costmodel.store.locks import MeasureLockConfig, check_lock_path, measuring
 from costmodel.store.profile import DeviceProfile
@@ -79,7 +79,7 @@ class Runtime:
                  checked: bool = False) -> "Runtime":
         """The runtime of a config; ``checked=True`` when ``check_cfg`` already passed on it
         (an experiment's ``validate`` at the entry point): it is not checked again."""
-        device = resolve_device(str(cfg["device"])) if checked else check_cfg(cfg)
+        device = device_of(str(cfg["device"])) if checked else check_cfg(cfg)
         configure_allocator(str(cfg.get("allocator", "steady")))
         dtype = str(cfg["dtype"])
         threads = cfg.get("threads") if checked else check_threads(cfg.get("threads"))
