@@ -47,8 +47,23 @@ Before the config schema (commit 8e61d7d; the default overrides, measure=true)::
         runtime.check_cfg 3, timing_config 4, MeasureLockConfig.from_cfg 5, check_dtype 3,
         check_threads 4, resolve_device 3, check_policy 3, check_tolerance 3
 
-After (the schema checked once at the entry point, the plan handed to ``run``): see
-docs/configuration.md, where both runs are recorded in full.
+After (the schema, ``costmodel/cli/config_schema.py``, checked once by the entry point,
+which hands ``validate``'s plan to ``run``; same overrides)::
+
+    (a) project files entered: 29 (costmodel/cli/config_schema.py added, entered 26 times, one
+        per constraint walked; experiments/common.py entered 9 times)
+    (b) back-and-forth: 4 (sim/__main__.py -> moe_skew.validate and -> moe_skew.run, the
+        entry point's two calls into its experiment; costmodel/cli/errors.py ->
+        sim/__main__.py:main, the error decorator; costmodel/cli/config_schema.py ->
+        experiments/common.py, the one cross-field Rule of the shared schema);
+        cross-file calls: 5928
+    (c) validation runs: every function once (moe_skew.validate, check_common, check_cfg,
+        config_schema.check, check_dtype, moe_configs, routing_generators, instantiate_sweep,
+        generator_keys, check_fits_device, resolve_device, ...), except two that build or
+        convert what they are given, twice each: config_dict (the DictConfig as a dict, in
+        validate and in run) and MeasureLockConfig.from_cfg (the lock the entry point holds,
+        and the Runtime's copy); the per-object argument checks are as before.
+    With measure=false: the same, MeasureLockConfig.from_cfg once (no lock is taken).
 """
 
 from __future__ import annotations
