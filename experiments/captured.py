@@ -141,3 +141,18 @@ def training_details(df: pd.DataFrame) -> dict[str, Any]:
     if not steps.empty:
         out["train_step_median_ape_pct"] = {lv: float(steps[f"ape_{lv}_pct"].median()) for lv in LEVELS}
     return out
+
+
+def measure_captured(cfg: Any, rt: Any, model: CostModel, workloads: Sequence[CapturedWorkload], *, what: str,
+                     description: str) -> pd.DataFrame:
+    """The measuring part both captured-module experiments (hf_moe, pyg_conv) share: the
+    held-out models (``heldout_for``), the paired kernels (``pairing_for``, suite ``what``),
+    every workload timed with its measured coverage (``coverage.iterations`` profiler passes)
+    and scored (``evaluate_captured``)."""
+    from experiments.workloads import heldout_for, pairing_for  # noqa: PLC0415
+
+    heldout = heldout_for(rt, model, [w.captured.kernels() for w in workloads], what=what)
+    pairing = pairing_for(cfg, rt, what)
+    return evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description=description,
+                             progress=bool(cfg.get("progress", True)),
+                             coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing, heldout=heldout)

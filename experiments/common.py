@@ -60,7 +60,9 @@ from costmodel.cli.console import make_console  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
+from costmodel.cli.config_schema import Interval, Options, Rule  # noqa: E402
 from costmodel.measure.bench import make_progress  # noqa: E402
+from costmodel.measure.freshness import POLICIES  # noqa: E402
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.timing import TimingConfig, measure  # noqa: E402
 
@@ -81,62 +83,58 @@ def config_dict(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def check_measure(cfg: Mapping[str, Any]) -> None:
-    """``measure`` (true, or false to predict only), ``profile.id`` only with measure=false,
-    and ``per_kernel.point`` (an index into the sweep, negative from the end) and
-    ``per_kernel.iterations`` (>= 1), where an experiment has them."""
-    check_measure_keys(cfg)
-    meas = cfg.get("per_kernel")
-    if meas is None:
-        return
-    point, iterations = meas.get("point", 0), meas.get("iterations", 1)
-    if isinstance(point, bool) or not isinstance(point, int):
-        raise ValueError(f"per_kernel.point must be an integer index into the sweep, got {point!r}")
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise ValueError(f"per_kernel.iterations must be a positive integer (>= 1), got {iterations!r}")
+def _profile_id_needs_predict_only(value: Any, cfg: Mapping[str, Any]) -> bool:
+    return value is None or cfg.get("measure", True) is False
 
 
-def check_coverage_iterations(cfg: Mapping[str, Any]) -> int:
-    """``coverage.iterations`` (>= 1): profiler passes per call for the measured coverage of
-    captured modules (hf_moe, pyg_conv)."""
-    value = (cfg.get("coverage") or {}).get("iterations", 1)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"coverage.iterations must be a positive integer (>= 1), got {value!r}")
-    return value
+#: conf/config.yaml's keys every experiment shares (beside conf/base.yaml's,
+#: ``costmodel.cli.config_schema.BASE_CONSTRAINTS``), and the blocks several have
+COMMON_CONSTRAINTS: dict[str, Any] = {
+    "progress": bool,
+    "measure": bool,
+    "profile.id": Rule(_profile_id_needs_predict_only,
+                       "null with measure=true (another device's profile predicts only: set measure=false; "
+                       "measurements on this machine are compared with its own profile)"),
+    "calibration.refresh": [Options(list(POLICIES)), bool, None],
+    "calibration.tolerance": Interval(float, 0, 10, closed="neither", words="a number in (0, 10) (0.1 = 10% either way)"),
+    "calibration.paired": bool,
+    "per_kernel.point": Interval(int, None, None, words="an integer index into the sweep"),
+    "per_kernel.iterations": Interval(int, 1, None),
+    "coverage.iterations": Interval(int, 1, None),
+}
 
 
-def backend_list(value: Any, field: str) -> list[str]:
-    """A backends key: one name or a list of names (``moe.backends=loop`` is one backend)."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return list(value)
-    raise ValueError(f"{field} must be a backend name or a list of backend names, got {value!r}")
-
-
-def check_common(cfg: Mapping[str, Any]) -> torch.device:
-    """What every experiment's ``validate`` checks first: conf/base.yaml's keys
-    (``costmodel.measure.runtime.check_cfg``, no side effects), ``progress``,
-    ``calibration.refresh``, ``measure`` and the ``per_kernel`` block; returns the device."""
+def check_common(cfg: Mapping[str, Any], constraints: Mapping[str, Any] | None = None) -> torch.device:
+    """The schema check every experiment's ``validate`` starts with: conf/base.yaml's keys,
+    ``COMMON_CONSTRAINTS`` and the experiment's own ``constraints`` (its module's
+    ``CONSTRAINTS``), in one pass with one error format (``costmodel.cli.config_schema.check``,
+    through ``costmodel.measure.runtime.check_cfg``, no side effects); returns the device."""
     from costmodel.measure.runtime import check_cfg
 
-    device = check_cfg(cfg)
-    if not isinstance(cfg.get("progress", True), bool):
-        raise ValueError(f"progress must be true or false, got {cfg.get('progress')!r}")
-    calibration_options(cfg)  # calibration.refresh and calibration.tolerance
-    check_measure(cfg)
-    return device
+    return check_cfg(cfg, {**COMMON_CONSTRAINTS, **dict(constraints or {})})
 
 
-def validate_experiment(cfg: Any) -> None:
-    """Run ``experiments.<cfg.name>.validate(cfg)`` (every experiment module has one): the
-    validator ``costmodel.cli.sweep_check.ValidateSweep`` applies to each job of a sweep."""
+def check_measure_keys(cfg: Mapping[str, Any]) -> bool:
+    """``measure`` (checked by ``check_common``): whether this run measures."""
+    return bool(cfg.get("measure", True))
+
+
+def backend_list(value: Any) -> list[str]:
+    """A backends key (checked by a ``Names`` constraint): one name or a list of names."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def validate_experiment(cfg: Any) -> Any:
+    """Run ``experiments.<cfg.name>.validate(cfg)`` (every experiment module has one: the
+    schema check and the plan it builds, which it returns): the validator
+    ``costmodel.cli.sweep_check.ValidateSweep`` applies to each job of a sweep, and what the
+    entry point (``sim.__main__``) runs once before handing the plan to ``run``."""
     import importlib
 
     name = cfg.get("name")
     if not isinstance(name, str) or name == "???":
         raise ValueError("name is not set: choose an experiment with experiment=NAME")
-    importlib.import_module(f"experiments.{name}").validate(cfg)
+    return importlib.import_module(f"experiments.{name}").validate(cfg)
 
 
 def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
@@ -154,23 +152,21 @@ def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
 
 
 def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``calibration.refresh`` / ``calibration.tolerance`` as ``calibrated_model`` keywords,
-    validated (a bad value fails here, before any measuring)."""
-    from costmodel.measure.freshness import DEFAULT_TOLERANCE, check_policy, check_tolerance
+    """``calibration.refresh`` / ``calibration.tolerance`` (checked by ``check_common``) as
+    ``calibrated_model`` keywords."""
+    from costmodel.measure.freshness import DEFAULT_TOLERANCE
 
     section = cfg.get("calibration") or {}
-    paired_enabled(cfg)
-    return {"refresh": check_policy(section.get("refresh", "auto")),
-            "tolerance": check_tolerance(section.get("tolerance", DEFAULT_TOLERANCE))}
+    refresh = section.get("refresh", "auto")
+    refresh = "always" if refresh is True else "never" if refresh in (False, None) else str(refresh).lower()
+    return {"refresh": refresh, "tolerance": float(section.get("tolerance", DEFAULT_TOLERANCE))}
 
 
 def paired_enabled(cfg: Mapping[str, Any]) -> bool:
-    """``calibration.paired`` (default true): time the experiment's own kernels in the same
-    rounds as its layers and refit before predicting (``sim.paired``); validated here."""
-    value = (cfg.get("calibration") or {}).get("paired", True)
-    if not isinstance(value, bool):
-        raise ValueError(f"calibration.paired must be true or false, got {value!r}")
-    return value
+    """``calibration.paired`` (default true, checked by ``check_common``): time the
+    experiment's own kernels in the same rounds as its layers and refit before predicting
+    (``sim.paired``)."""
+    return bool((cfg.get("calibration") or {}).get("paired", True))
 
 
 #: arguments a generator gets from the experiment, never from its config section
@@ -636,15 +632,3 @@ def plot_predicted_vs_measured(df: pd.DataFrame, path: Path, *, title: str, hue:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def check_measure_keys(cfg: Mapping[str, Any]) -> bool:
-    """``measure`` as a bool, and ``profile.id`` (another device's profile) only when
-    predicting: a measurement on this machine is always compared with its own profile."""
-    measuring = cfg.get("measure", True)
-    if not isinstance(measuring, bool):
-        raise ValueError(f"measure must be true or false, got {measuring!r}")
-    if measuring and cfg.get("profile", {}).get("id") is not None:
-        raise ValueError(f"profile.id={cfg['profile']['id']!r} predicts for another device's profile and needs "
-                         "measure=false: measurements on this machine are compared with its own profile")
-    return measuring

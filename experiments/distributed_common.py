@@ -1,13 +1,20 @@
 """What the multi-process experiments (``moe_ep``, ``gnn_partition``) report alike: the gain of
 one variant over another (a load-aware expert placement over contiguous, METIS over random
-partitioning), measured and predicted, and how often the straggler rank was predicted right."""
+partitioning), measured and predicted, and how often the straggler rank was predicted right;
+the cores a run may pin its ranks to; the frame of their per-rank timeline plots; the
+console tail of a measured run."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
+import matplotlib
 import numpy as np
 import pandas as pd
+
+from experiments.common import console, plt, print_summary
 
 GAIN_LEVELS = ("L0", "L2", "L3")
 
@@ -40,3 +47,50 @@ def straggler_summary(df: pd.DataFrame, rule: str) -> dict[str, Any]:
     clear = df[df["straggler_clear"]]
     return {"points": int(len(df)), "clear_points": int(len(clear)),
             "agree": int((clear["straggler_pred"] == clear["straggler_measured"]).sum()), "rule": rule}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (one pinned core per rank)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def print_straggler_and_summary(straggler: Mapping[str, Any], summ: dict[str, Any], out: Path) -> dict[str, Any]:
+    """The console tail of a measured multi-process run: how often the straggler was predicted
+    right (``straggler_summary``), the summary, where the outputs are. Returns ``summ``."""
+    console.print(f"straggler predicted = measured at {straggler['agree']} of {straggler['clear_points']} points whose "
+                  f"ranks differ beyond their noise ({straggler['points']} points in all)")
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ
+
+
+def timeline_grid(points: Sequence[Mapping[str, Any]], row_key: str,
+                  height: Callable[[int], float]) -> tuple[list[Any], list[Any], Any, Any]:
+    """The frame of a per-rank timeline plot: one row per value of ``row_key`` (placement,
+    partitioner) and one column each for the least and the most skewed swept value; the
+    figure is 6.5 in wide per column and ``height(rows)`` high. Returns (rows, columns, fig, axes)."""
+    rows = list(dict.fromkeys(p[row_key] for p in points))
+    values = sorted({p["value"] for p in points}, key=float)
+    cols = [values[0], values[-1]] if len(values) > 1 else values[:1]
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(6.5 * len(cols), height(len(rows))), squeeze=False)
+    return rows, cols, fig, axes
+
+
+def label_timeline_axis(ax: Any, ticks: Sequence[float], labels: Sequence[str], title: str) -> None:
+    """One panel's rank labels (top to bottom), title and time axis."""
+    ax.set_yticks(ticks, labels, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=8)
+    ax.set_xlabel("time from the step's start [ms]", fontsize=8)
+    ax.grid(True, axis="x", alpha=0.2)
+
+
+def finish_timelines(fig: Any, handles: list[Any], *, wait_label: str, title: str, path: Path,
+                     rect: tuple[float, float, float, float]) -> None:
+    """The legend (the phases' ``handles`` and the hatched predicted wait), title, save."""
+    handles = [*handles, matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="///", label=wait_label)]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

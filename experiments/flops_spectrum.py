@@ -28,6 +28,7 @@ from costmodel.measure.scope import kernel_scope  # noqa: E402
 from costmodel.families.gather import GatherSpec  # noqa: E402
 from costmodel.families.scatter import ScatterSpec  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
+from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
@@ -53,22 +54,37 @@ def proportional_rate(flops: np.ndarray, latency: np.ndarray) -> float:
     return float((flops * flops).sum() / (flops * latency).sum())
 
 
-def _positive_ints(value: Any, field: str) -> list[int]:
-    values = value if isinstance(value, list) else [value]
-    if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-        raise ValueError(f"{field} must be a positive integer or a non-empty list of them, got {value!r}")
-    return values
+_POSITIVE = Interval(int, 1, None)
+#: one positive integer or a non-empty list of them
+_POSITIVE_INTS = [_POSITIVE, ListOf(_POSITIVE, words="a non-empty list of them")]
+#: flops_spectrum's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``);
+#: the layer fields themselves are checked by MLPConfig, MoEConfig and GNNConfig
+CONSTRAINTS: dict[str, Any] = {
+    "spectrum.dense_mlp.sizes": ListOf(ListOf(_POSITIVE, min_len=2, max_len=2), words="a non-empty list of [d_model, d_hidden] pairs"),
+    "spectrum.small_batch_mlp.batches": _POSITIVE_INTS,
+    "spectrum.moe.spread_exponent": Interval(float, 0, 50, words="a Zipf exponent in [0, 50]"),
+    "spectrum.moe.concentrated_exponent": Interval(float, 0, 50, words="a Zipf exponent in [0, 50]"),
+    "spectrum.moe.tokens": _POSITIVE_INTS,
+    "spectrum.gnn.num_nodes": _POSITIVE_INTS,
+    "spectrum.gnn.width": _POSITIVE_INTS,
+    "spectrum.gnn.edges": _POSITIVE_INTS,
+    "spectrum.gnn.uniform_a": Interval(float, 0, 1, words="an R-MAT a in [0, 1]"),
+    "spectrum.gnn.skewed_a": Interval(float, 0, 1, words="an R-MAT a in [0, 1]"),
+}
+
+
+def _ints(value: Any) -> list[int]:
+    """One integer or a list of them (checked by ``CONSTRAINTS``) as a list."""
+    return list(value) if isinstance(value, list) else [value]
 
 
 def mlp_configs(sp: dict, dt: str) -> list[tuple[str, MLPConfig]]:
     """(class, config) of every dense and small-batch MLP of ``spectrum``."""
     sizes = sp["dense_mlp"]["sizes"]
-    if not isinstance(sizes, list) or not sizes or any(not isinstance(p, list) or len(p) != 2 for p in sizes):
-        raise ValueError(f"spectrum.dense_mlp.sizes must be a non-empty list of [d_model, d_hidden] pairs, got {sizes!r}")
     mlps = [("dense MLP", MLPConfig(sp["dense_mlp"]["batch"], d, h, dt)) for d, h in sizes]
     s = sp["small_batch_mlp"]
     mlps += [("small-batch MLP", MLPConfig(b, s["d_model"], s["d_hidden"], dt))
-             for b in _positive_ints(s["batches"], "spectrum.small_batch_mlp.batches")]
+             for b in _ints(s["batches"])]
     return mlps
 
 
@@ -78,9 +94,7 @@ def moe_configs(sp: dict, dt: str) -> list[tuple[str, float, MoEConfig]]:
     out = []
     for cls, key in (("MoE spread", "spread_exponent"), ("MoE concentrated", "concentrated_exponent")):
         expo = m[key]
-        if isinstance(expo, bool) or not isinstance(expo, (int, float)) or not 0 <= expo <= 50:
-            raise ValueError(f"spectrum.moe.{key} must be a Zipf exponent in [0, 50], got {expo!r}")
-        for t in _positive_ints(m["tokens"], "spectrum.moe.tokens"):
+        for t in _ints(m["tokens"]):
             out.append((cls, float(expo), MoEConfig(tokens=t, d_model=m["d_model"], d_ff=m["d_ff"],
                                                     num_experts=m["num_experts"], top_k=m["top_k"],
                                                     backend=m["backend"], dtype=dt)))
@@ -90,15 +104,8 @@ def moe_configs(sp: dict, dt: str) -> list[tuple[str, float, MoEConfig]]:
 def gnn_points(sp: dict) -> tuple[int, int, list[int], list[tuple[str, float]]]:
     """(nodes, width, edge counts, (class, R-MAT a) per class) of ``spectrum.gnn``."""
     g = sp["gnn"]
-    n = _positive_ints(g["num_nodes"], "spectrum.gnn.num_nodes")[0]
-    width = _positive_ints(g["width"], "spectrum.gnn.width")[0]
-    edges = _positive_ints(g["edges"], "spectrum.gnn.edges")
-    classes = []
-    for cls, key in (("GNN agg uniform", "uniform_a"), ("GNN agg skewed", "skewed_a")):
-        a = g[key]
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a <= 1:
-            raise ValueError(f"spectrum.gnn.{key} must be an R-MAT a in [0, 1], got {a!r}")
-        classes.append((cls, float(a)))
+    n, width, edges = _ints(g["num_nodes"])[0], _ints(g["width"])[0], _ints(g["edges"])
+    classes = [(cls, float(g[key])) for cls, key in (("GNN agg uniform", "uniform_a"), ("GNN agg skewed", "skewed_a"))]
     return n, width, edges, classes
 
 
@@ -107,7 +114,7 @@ def validate(cfg: Any) -> None:
     sweep before the first starts): base keys, every workload's config, and whether all
     workloads (built side by side) fit the device's memory."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     sp, dt = cfg["spectrum"], str(cfg["dtype"])
     needs = [mlp_need(c) for _, c in mlp_configs(sp, dt)]
     needs += [moe_need(c) for _, _, c in moe_configs(sp, dt)]
@@ -180,10 +187,12 @@ def class_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    if plan is None:
+        validate(cfg)
+    rt = Runtime.from_cfg(cfg, checked=True)
     out = output_dir(cfg, out_dir)
     workloads, suite = build_workloads(cfg, rt)
     model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)),

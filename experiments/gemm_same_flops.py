@@ -25,20 +25,24 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.measure.suite import equal_flops_trio, trio_flops  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
+from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
 
+_FRACTION = Interval(float, 0, 1, closed="right")
+#: gemm_same_flops's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``)
+CONSTRAINTS: dict[str, Any] = {
+    "gemm.flops_levels": [ListOf(_FRACTION, words="a non-empty list of fractions in (0, 1]"), _FRACTION],
+    "gemm.max_operand_bytes": Interval(int, 1024, None, words="an integer >= 1024 (bytes)"),
+}
+
+
 def trio_workloads(cfg: dict, device: torch.device) -> list[tuple[str, float, Any]]:
-    """(shape name, FLOP level, GEMM) per trio member and level; the levels and operand bound
-    validated, the largest trio sized to the device's memory (``trio_flops``)."""
+    """(shape name, FLOP level, GEMM) per trio member and level (the levels and operand bound
+    checked by ``CONSTRAINTS``), the largest trio sized to the device's memory (``trio_flops``)."""
     levels, bound = cfg["gemm"]["flops_levels"], cfg["gemm"]["max_operand_bytes"]
     levels = [levels] if isinstance(levels, (int, float)) else levels
-    if not isinstance(levels, list) or not levels or any(
-            isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1 for f in levels):
-        raise ValueError(f"gemm.flops_levels must be a non-empty list of fractions in (0, 1], got {levels!r}")
-    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1024:
-        raise ValueError(f"gemm.max_operand_bytes must be an integer >= 1024 (bytes), got {bound!r}")
     dtype = str(cfg["dtype"])
     top = trio_flops(device_memory_bytes(device), dtype, bound)
     return [(name, float(f), spec) for f in levels for name, spec in equal_flops_trio(top * float(f), dtype)]
@@ -48,13 +52,14 @@ def validate(cfg: Any) -> list[tuple[str, float, Any]]:
     """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
     sweep before the first starts): base keys and the trio's levels. Returns the shapes."""
     cfg = config_dict(cfg)
-    return trio_workloads(cfg, check_common(cfg))
+    return trio_workloads(cfg, check_common(cfg, CONSTRAINTS))
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    shapes = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    shapes = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     out = output_dir(cfg, out_dir)
     suite = gemm_suite([s for _, _, s in shapes])
     model = calibrated_model(rt, suite, suite_name="gemm_same_flops",

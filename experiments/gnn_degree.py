@@ -23,14 +23,15 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
+from costmodel.cli.config_schema import Interval, Names  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
-    print_summary, print_table, skew_axis_label, summary, write_outputs,
+    skew_axis_label, summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+    Workload, kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.backends import gnn_backend  # noqa: E402
@@ -43,11 +44,18 @@ from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
 #: this experiment can predict without measuring (``measure=false``)
 MEASURES = "optional"
 
+#: the GNN layer's fields, shared by gnn_degree and gnn_partition (beside
+#: ``experiments.common.COMMON_CONSTRAINTS``); kind, aggregation, edge order and backend
+#: names are checked by ``GNNConfig`` against what sim registers
+CONSTRAINTS: dict[str, Any] = {
+    **{f"gnn.{key}": Interval(int, 1, None) for key in ("num_nodes", "num_edges", "in_features", "out_features")},
+    "gnn.backends": Names(what="backend"),
+}
+
+
 def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
     g = cfg["gnn"]
-    backends = backend_list(g["backends"], "gnn.backends")
-    if not backends:
-        raise ValueError("gnn.backends must list at least one of index_add, scatter_reduce, torch_scatter, sparse_csr")
+    backends = backend_list(g["backends"])
     return [
         GNNConfig(num_nodes=g["num_nodes"], in_features=g["in_features"], out_features=g["out_features"],
                   kind=g["kind"], aggregation=g["aggregation"], backend=b, edge_order=g["edge_order"], dtype=dtype)
@@ -56,18 +64,19 @@ def gnn_configs(cfg: Mapping[str, Any], dtype: str) -> list[GNNConfig]:
 
 
 def graph_sweep(cfg: Mapping[str, Any]) -> tuple[int, dict[str, bool], list[tuple[Any, Any]]]:
-    """(edges, graph options, (sweep value, generator) per point), all validated; nothing generated."""
+    """(edges, graph options, (sweep value, generator) per point), all validated (``gnn.num_edges``
+    by ``CONSTRAINTS``); nothing generated."""
     num_edges = cfg["gnn"]["num_edges"]
-    if isinstance(num_edges, bool) or not isinstance(num_edges, int) or num_edges < 1:
-        raise ValueError(f"gnn.num_edges must be a positive integer (>= 1), got {num_edges!r}")
     options = check_graph_options(cfg["graph"].get("options"))
     return num_edges, options, instantiate_sweep(cfg["graph"], "graph")
 
 
-def make_graphs(cfg: Mapping[str, Any], seed: int) -> list[tuple[Any, torch.Tensor]]:
-    """(sweep value, edge index) per point of the graph generator's sweep."""
+def make_graphs(cfg: Mapping[str, Any], seed: int,
+                sweep: tuple[int, dict[str, bool], list[tuple[Any, Any]]] | None = None) -> list[tuple[Any, torch.Tensor]]:
+    """(sweep value, edge index) per point of the graph generator's sweep (``graph_sweep(cfg)``,
+    unless already built)."""
     num_nodes = cfg["gnn"]["num_nodes"]
-    num_edges, options, sweep = graph_sweep(cfg)
+    num_edges, options, sweep = graph_sweep(cfg) if sweep is None else sweep
     graphs = []
     for i, (value, gen) in enumerate(sweep):
         edge_index = gen(num_nodes, num_edges, seed=seed + i, **options)
@@ -76,20 +85,22 @@ def make_graphs(cfg: Mapping[str, Any], seed: int) -> list[tuple[Any, torch.Tens
     return graphs
 
 
-def validate(cfg: Any) -> list[GNNConfig]:
-    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
-    sweep before the first starts): base keys, layer configs, the graph generator, its
-    sweep and options, and whether the layers fit the device's memory. Returns the configs."""
+def validate(cfg: Any) -> tuple[list[GNNConfig], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
+    """The schema check (``CONSTRAINTS`` with the shared ones) and what ``run`` derives from
+    the config without measuring: the layer configs, the graph generator, its sweep and
+    options, whether the layers fit the device's memory. Run once per job, by the entry point
+    (and on every job of a ``-m`` sweep before the first starts); returns ``run``'s plan:
+    (configs, ``graph_sweep``)."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     configs = gnn_configs(cfg, str(cfg["dtype"]))
-    num_edges, options, sweep = graph_sweep(cfg)
+    num_edges, options, sweep = graphs = graph_sweep(cfg)
     edges_bound = num_edges * (2 if options.get("undirected") else 1)  # undirected adds the reversed edges
-    check_fits_device(combine(gnn_need(c, num_edges=edges_bound, graphs=len(sweep)) for c in configs), device,
+    check_fits_device(combine([gnn_need(c, num_edges=edges_bound, graphs=len(sweep)) for c in configs]), device,
                       what=f"the GNN layers of gnn_degree ({len(configs)} backends x {len(sweep)} graphs)",
                       knobs=["gnn.num_nodes", "gnn.num_edges", "gnn.in_features", "gnn.out_features",
                              "graph.sweep.values", "gnn.backends"])
-    return configs
+    return configs, graphs
 
 
 def _src_read_shares(configs: list[GNNConfig], graphs: list[tuple[float, torch.Tensor]]) -> list[float]:
@@ -115,13 +126,13 @@ def runnable_configs(configs: list[GNNConfig]) -> tuple[list[GNNConfig], dict[st
     return configs, unavailable
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    configs = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, sweep = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     configs, unavailable = runnable_configs(configs)
-    graphs = make_graphs(cfg, rt.seed)  # validates the sweep and every edge index before any timing
-    meas = cfg["per_kernel"]
+    graphs = make_graphs(cfg, rt.seed, sweep)  # checks every edge index before any timing
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
     base = configs[0]
@@ -158,18 +169,12 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
-    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="gnn_degree")
-    pairing = pairing_for(cfg, rt, "gnn")
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing, heldout=heldout,
-                            references=drift_references(rt, suite), description="measure gnn layers (and their kernels)",
-                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    model = heldout.model  # the per-kernel breakdown is held out too, as the headline
+    df, model = measure_sweep(cfg, rt, model, workloads, what="gnn_degree", suite="gnn",
+                              references=lambda: drift_references(rt, suite),
+                              description="measure gnn layers (and their kernels)")
     df["winner"] = df.groupby("point")["measured_s"].transform("min") == df["measured_s"]
 
-    kp = int(meas["point"]) % len(graphs)
-    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["iterations"]), timing=rt.timing)
-    per_kernel.to_csv(out / "per_kernel.csv", index=False)
+    kp, per_kernel = kernel_point_table(cfg, rt, model, workloads, len(graphs), out)  # held out, as the headline
 
     winners = df[df["winner"]][["value", "degree_cv", "backend"]]
     summ = summary("gnn_degree", rt.fingerprint.describe(), df, details={
@@ -182,14 +187,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     })
     write_outputs(out, df, summ)
     _plots(df, out, cfg)
-    print_table(df, {"value": "", "backend": "", "degree_cv": ".2f", "max_over_mean": ".0f", "measured_s": "ms",
-                     "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
-                     "ape_L0_pct": ".1f", "ape_L3_pct": ".1f", "winner": ""},
-                title=f"GNN layer latency vs {cfg['graph']['sweep']['param']} (ms; APE %)")
-    print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['graph']['sweep']['param']}={graphs[kp][0]} (profiler, ms)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    param = cfg["graph"]["sweep"]["param"]
+    return print_sweep_report(
+        df, per_kernel, summ, out, title=f"GNN layer latency vs {param} (ms; APE %)",
+        columns={"value": "", "backend": "", "degree_cv": ".2f", "max_over_mean": ".0f", "measured_s": "ms",
+                 "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
+                 "ape_L0_pct": ".1f", "ape_L3_pct": ".1f", "winner": ""},
+        breakdown_title=f"per-kernel breakdown at {param}={graphs[kp][0]} (profiler, ms)")
 
 
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],

@@ -30,25 +30,28 @@ latency-bandwidth model with the W=2 profile's alpha and beta): it says that it 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
+from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
-    plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
+    plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
-from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
+from experiments.distributed_common import (  # noqa: E402
+    finish_timelines, label_timeline_axis, print_straggler_and_summary, straggler_summary, timeline_grid, usable_cores,
+    variant_gains,
+)
+from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
@@ -73,19 +76,34 @@ QUICK_SUITE = {"ops": ["all_to_all"], "sizes": {"min_bytes": 256, "max_bytes": 4
 SUITE_FILE = Path(__file__).resolve().parents[1] / "conf" / "suite" / "collectives.yaml"
 
 
-def _int_in(value: Any, field: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{field} must be an integer in [{lo}, {hi}], got {value!r}")
-    return value
+def _world_size_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
+    """Measured: one pinned core per rank, at most the node count (measure=false: anything)."""
+    return cfg.get("measure", True) is False or (is_int(value) and 2 <= value <= min(usable_cores(), cfg["gnn"]["num_nodes"]))
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+def _world_size_words(cfg: Mapping[str, Any]) -> str:
+    cores, nodes = usable_cores(), cfg["gnn"]["num_nodes"]
+    return (f"an integer in [2, {min(cores, nodes)}] (one pinned core per rank: this process may use {cores} cores; "
+            f"at most gnn.num_nodes={nodes}; measure=false predicts any partition.whatif_world_size)")
+
+
+#: gnn_partition's fields: the GNN layer's (``experiments.gnn_degree.CONSTRAINTS``) and the
+#: ``partition`` block's (the partitioners, metis needing pymetis, are checked by ``check_partition``)
+CONSTRAINTS: dict[str, Any] = {
+    **GNN_CONSTRAINTS,
+    "partition.world_size": Rule(_world_size_ok, _world_size_words),
+    "partition.whatif_world_size": at_most("gnn.num_nodes", low=2, words="an integer in"),
+    "partition.collective_suite": Options(["full", "quick"]),
+    "partition.warmup": Interval(int, 0, 50),
+    "partition.repeats": Interval(int, 3, MAX_REPEATS),
+    "partition.rounds": Interval(int, 1, 20),
+    "partition.timeout_s": Interval(int, 10, 3600),
+}
 
 
 def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> dict[str, Any]:
-    """The ``partition`` block: world size (measured: one pinned core per rank, at most the
-    node count), partitioners (metis: pymetis importable), repeats, the what-if size."""
+    """The ``partition`` block (its fields checked by ``CONSTRAINTS``) with the partitioners
+    checked (metis: pymetis importable) and its defaults filled in."""
     part = cfg.get("partition") or {}
     names = part.get("partitioners", list(PARTITIONERS))
     if isinstance(names, str):
@@ -103,47 +121,33 @@ def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> 
         except ImportError as err:
             raise ValueError(f"partition.partitioners: 'metis' needs pymetis, which is not importable here ({err}); "
                              f"install it with `{METIS_INSTALL}` or drop metis from the list") from None
-    W = part.get("world_size", 2)
-    if measuring:
-        cores = usable_cores()
-        hi = min(cores, num_nodes)
-        if isinstance(W, bool) or not isinstance(W, int) or not 2 <= W <= hi:
-            raise ValueError(f"partition.world_size must be an integer in [2, {hi}] (one pinned core per rank: this "
-                             f"process may use {cores} cores; at most gnn.num_nodes={num_nodes}), got {W!r} "
-                             "(measure=false predicts any partition.whatif_world_size)")
-    whatif = _int_in(part.get("whatif_world_size", 8), "partition.whatif_world_size", 2, num_nodes)
-    suite = part.get("collective_suite", "full")
-    if suite not in ("full", "quick"):
-        raise ValueError(f"partition.collective_suite must be one of ['full', 'quick'], got {suite!r}")
+    W, whatif = part.get("world_size", 2), part.get("whatif_world_size", 8)
     return {"world_size": W if measuring else whatif, "partitioners": list(dict.fromkeys(names)),
-            "warmup": _int_in(part.get("warmup", 2), "partition.warmup", 0, 50),
-            "repeats": _int_in(part.get("repeats", 10), "partition.repeats", 3, MAX_REPEATS),
-            "rounds": _int_in(part.get("rounds", 3), "partition.rounds", 1, 20),
-            "timeout_s": _int_in(part.get("timeout_s", 600), "partition.timeout_s", 10, 3600),
-            "collective_suite": suite}
+            "warmup": part.get("warmup", 2), "repeats": part.get("repeats", 10), "rounds": part.get("rounds", 3),
+            "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full")}
 
 
-def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any]]:
+def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
     """Every check that needs no measuring: base keys, layer configs (feature widths >= 1),
     the graph sweep, the partition block (partitioners, world size against nodes and cores),
     memory. Returns the configs and the partition block."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     measuring = check_measure_keys(cfg)
     if device.type != "cpu":
         raise ValueError(f"experiment=gnn_partition runs its ranks as gloo processes on CPU; device must be cpu, "
                          f"got {device}")
     configs = gnn_configs(cfg, str(cfg["dtype"]))
-    num_edges, options, sweep = graph_sweep(cfg)
+    num_edges, options, sweep = graphs = graph_sweep(cfg)
     part = check_partition(cfg, configs[0].num_nodes, measuring)
     if measuring:  # each rank holds a layer per case, at most the whole graph each
         edges = num_edges * (2 if options.get("undirected") else 1)
         cases = len(sweep) * len(part["partitioners"])
-        check_fits_device(combine(gnn_need(c, num_edges=edges, graphs=cases) for c in configs * (part["world_size"] + 1)),
+        check_fits_device(combine([gnn_need(c, num_edges=edges, graphs=cases) for c in configs * (part["world_size"] + 1)]),
                           device, what=f"the partitioned GNN layers of gnn_partition ({part['world_size']} ranks)",
                           knobs=["gnn.num_nodes", "gnn.num_edges", "gnn.in_features", "graph.sweep.values",
                                  "partition.partitioners", "partition.world_size"])
-    return configs, part
+    return configs, part, graphs
 
 
 # ----------------------------------------------------------------------------- cases
@@ -227,16 +231,17 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
 # ----------------------------------------------------------------------------- run
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    configs, part = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, part, sweep = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     configs, unavailable = runnable_configs(configs)
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
     progress = bool(cfg.get("progress", True))
     W = part["world_size"]
-    graphs = make_graphs(cfg, rt.seed)
+    graphs = make_graphs(cfg, rt.seed, sweep)
     console.print(f"planning {len(graphs)} graphs x {len(part['partitioners'])} partitioners on W={W} ranks")
     points = _plan_points(configs, graphs, part, rt.seed)
     traces = [t for pt in points for rank in pt["traces"] for t in rank.values() if t]
@@ -321,12 +326,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f",
                                           "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"},
                     title="METIS over random: 1 - step(metis) / step(random)")
-    st = details["partition"]["straggler"]
-    console.print(f"straggler predicted = measured at {st['agree']} of {st['clear_points']} points whose ranks differ "
-                  f"beyond their noise ({st['points']} points in all)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    return print_straggler_and_summary(details["partition"]["straggler"], summ, out)
 
 
 def _measured_rank(phases: np.ndarray) -> dict[str, Any]:
@@ -409,13 +409,9 @@ STRAGGLER_RULE = ("predicted: the rank with the most kernel seconds (send + laye
 def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring: str, measured: bool) -> None:
     """Per partitioner (rows) at the least and the most skewed graph (columns): each rank's
     phases as horizontal bars, measured (pale) above predicted (waits hatched)."""
-    partitioners = list(dict.fromkeys(p["partitioner"] for p in points))
     backend = points[0]["backend"]
-    values = sorted({p["value"] for p in points}, key=float)
-    cols = [values[0], values[-1]] if len(values) > 1 else values[:1]
-    fig, axes = plt.subplots(len(partitioners), len(cols), figsize=(6.5 * len(cols), 1.4 + 0.55 * 2 * len(partitioners)
-                                                                    * len(points[0]["predicted"]["L3"]["ranks"])),
-                             squeeze=False)
+    ranks = len(points[0]["predicted"]["L3"]["ranks"])
+    partitioners, cols, fig, axes = timeline_grid(points, "partitioner", lambda rows: 1.4 + 0.55 * 2 * rows * ranks)
     for i, partitioner in enumerate(partitioners):
         for j, value in enumerate(cols):
             ax = axes[i][j]
@@ -440,29 +436,20 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
                     ticks.append(y)
                     y += 1
                 y += 0.4
-            ax.set_yticks(ticks, labels, fontsize=7)
-            ax.invert_yaxis()
             plan = pt["plan"]
             step = f"measured {pt['measured']['step_s'] * 1e3:.2f} ms, " if measured else ""
             edges = plan["rank_edges"]
             edges = edges if len(edges) <= 4 else f"{min(edges)}..{max(edges)}"
-            ax.set_title(f"{partitioner}, graph {value} (edges per rank {edges}, cut "
-                         f"{100 * plan['edge_cut_share']:.0f}%):\n{step}predicted {pt['predicted']['L3']['step_s'] * 1e3:.2f} ms",
-                         fontsize=8)
-            ax.set_xlabel("time from the step's start [ms]", fontsize=8)
-            ax.grid(True, axis="x", alpha=0.2)
+            label_timeline_axis(ax, ticks, labels, f"{partitioner}, graph {value} (edges per rank {edges}, cut "
+                                f"{100 * plan['edge_cut_share']:.0f}%):\n{step}predicted "
+                                f"{pt['predicted']['L3']['step_s'] * 1e3:.2f} ms")
     handles = [matplotlib.patches.Patch(color=c, label={"send": "send (gather)", "halo": "halo all-to-all",
                                                          "layer": "GNN layer (local)"}[p])
                for p, c in PHASE_COLOURS.items()]
-    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="///",
-                                            label="wait for the last rank (predicted)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
     what = ("measured (pale: median per phase; the halo includes its wait) above predicted " if measured
             else "predicted only (measure=false), ")
-    fig.suptitle(f"partitioned GNN step per rank, backend {backend}: {what}({scoring})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_timelines(fig, handles, wait_label="wait for the last rank (predicted)", path=path, rect=(0, 0.06, 1, 0.95),
+                     title=f"partitioned GNN step per rank, backend {backend}: {what}({scoring})")
 
 
 # ----------------------------------------------------------------------------- measure=false

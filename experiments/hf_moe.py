@@ -27,13 +27,13 @@ import torch  # noqa: E402
 
 from costmodel.families.grouped_gemm import grouped_mm_unavailable_reason  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
-from experiments.workloads import heldout_for, pairing_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
-    CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
+    CapturedWorkload, coverage_details, measure_captured, missing_extra_error, training_details,
 )
+from costmodel.cli.config_schema import Interval, ListOf, Options, Rule, at_most  # noqa: E402
 from experiments.common import (  # noqa: E402
-    calibration_options, check_common, check_coverage_iterations, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
+    calibration_options, check_common, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary,
     print_table, summary, write_outputs,
 )
 from sim.api import capture_module  # noqa: E402
@@ -72,20 +72,17 @@ class PinnedGate(torch.nn.Module):
         return logits, self.weights, self.indices  # type: ignore[return-value]
 
 
-def check_hf_cfg(h: Mapping[str, Any]) -> None:
-    for name in ("tokens", "hidden_size", "intermediate_size", "num_experts", "top_k"):
-        v = h[name]
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"hf_moe.{name} must be a positive integer (>= 1), got {v!r}")
-    if h["top_k"] > h["num_experts"]:
-        raise ValueError(f"hf_moe.top_k must be in [1, hf_moe.num_experts={h['num_experts']}], got {h['top_k']}")
-    for name, allowed in (("models", MODELS), ("implementations", IMPLEMENTATIONS)):
-        bad = [v for v in h[name] if v not in allowed]
-        if bad or not h[name]:
-            raise ValueError(f"hf_moe.{name} must list some of {list(allowed)}, got {list(h[name])}")
-    w = h["whole_model"]
-    if w["layers"] not in (0, 1, 2, 3, 4):
-        raise ValueError(f"hf_moe.whole_model.layers must be in [0, 4] (0 = skip), got {w['layers']!r}")
+#: hf_moe's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``)
+CONSTRAINTS: dict[str, Any] = {
+    **{f"hf_moe.{key}": Interval(int, 1, None) for key in ("tokens", "hidden_size", "intermediate_size", "num_experts")},
+    "hf_moe.top_k": at_most("hf_moe.num_experts"),
+    "hf_moe.models": ListOf(Options(MODELS), words=f"a non-empty list of some of {list(MODELS)}"),
+    "hf_moe.implementations": ListOf(Options(IMPLEMENTATIONS),
+                                     words=f"a non-empty list of some of {list(IMPLEMENTATIONS)}"),
+    "hf_moe.whole_model.layers": Interval(int, 0, 4, words="an integer in [0, 4] (0 = skip)"),
+    "routing.capacity_factor": Rule(lambda v, cfg: v is None,
+                                    "null (transformers' MoE blocks drop no tokens: hf_moe has no capacity limit)"),
+}
 
 
 def hf_config(name: str, h: Mapping[str, Any], impl: str, *, layers: int = 1) -> Any:
@@ -133,21 +130,17 @@ def validate(cfg: Any) -> list[tuple[Any, Any]]:
     """Every key checked and transformers importable, nothing built or measured; returns the
     routing generators of the sweep."""
     cfg = config_dict(cfg)
-    check_common(cfg)
-    check_hf_cfg(cfg["hf_moe"])
-    check_coverage_iterations(cfg)
+    check_common(cfg, CONSTRAINTS)
     _transformers()
-    generators = instantiate_sweep(cfg["routing"], "routing")
-    if cfg["routing"].get("capacity_factor") is not None:
-        raise ValueError("hf_moe: transformers' MoE blocks drop no tokens: routing.capacity_factor must be null")
-    return generators
+    return instantiate_sweep(cfg["routing"], "routing")
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     h = cfg["hf_moe"]
-    generators = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    generators = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     dtype = getattr(torch, rt.dtype)
     impls = [i for i in h["implementations"] if not impl_unavailable_reason(i, h, rt.dtype, rt.device)]
     unavailable = {i: impl_unavailable_reason(i, h, rt.dtype, rt.device) for i in h["implementations"] if i not in impls}
@@ -204,11 +197,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="hf_moe",
                              progress=bool(cfg.get("progress", True)),
                              heldout=distinct_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
-    heldout = heldout_for(rt, model, [w.captured.kernels() for w in workloads], what="hf_moe")
-    pairing = pairing_for(cfg, rt, "hf_moe")
-    df = evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description="measure hf moe",
-                           progress=bool(cfg.get("progress", True)),
-                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing, heldout=heldout)
+    df = measure_captured(cfg, rt, model, workloads, what="hf_moe", description="measure hf moe")
     blocks = df[df["kind"] == "block"]
     summ = summary("hf_moe", rt.fingerprint.describe(), df, details={
         **coverage_details(df),

@@ -22,16 +22,24 @@ from experiments.common import calibration_options, check_common, config_dict, c
 from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
+from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
 from sim.memory import check_fits_device, mlp_need  # noqa: E402
 from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
+
+
+#: mlp_batch's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``)
+CONSTRAINTS: dict[str, Any] = {
+    "mlp.d_model": Interval(int, 1, None),
+    "mlp.d_hidden": Interval(int, 1, None),
+    "mlp.batches": [ListOf(Interval(int, 1, None), words="a non-empty list of batch sizes (integers >= 1)"),
+                    Interval(int, 1, None)],
+}
 
 
 def mlp_configs(cfg: dict) -> list[MLPConfig]:
     m = cfg["mlp"]
     batches = m["batches"]
     batches = [batches] if isinstance(batches, int) else list(batches)
-    if not batches:
-        raise ValueError("mlp.batches must list at least one batch size")
     return [MLPConfig(batch=b, d_model=m["d_model"], d_hidden=m["d_hidden"], dtype=str(cfg["dtype"])) for b in batches]
 
 
@@ -40,7 +48,7 @@ def validate(cfg: Any) -> list[MLPConfig]:
     sweep before the first starts): base keys, the MLP sizes and batches, and whether the
     largest batch fits the device's memory. Returns the configs."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     configs = mlp_configs(cfg)
     largest = max(configs, key=lambda c: c.batch)
     check_fits_device(mlp_need(largest), device, what=f"the MLP of mlp_batch at batch {largest.batch}",
@@ -48,10 +56,11 @@ def validate(cfg: Any) -> list[MLPConfig]:
     return configs
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    configs = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     out = output_dir(cfg, out_dir)
     traces = [mlp_trace(c) for c in configs]
     gemms = [s for t in traces for s in t if s.family == "gemm"]

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -64,6 +63,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
 
+from costmodel.cli.config_schema import Interval, Options, Rule, check  # noqa: E402
 from costmodel.measure.bench import make_progress  # noqa: E402
 from costmodel.model.predictor import LEVELS, CostModel  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
@@ -119,14 +119,22 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
-def check_capacity(capacity: Any) -> float | None:
-    """``design.capacity_factor``: a finite number > 0, or null for no capacity limit."""
-    if capacity is None:
-        return None
-    if isinstance(capacity, bool) or not isinstance(capacity, (int, float)) or not (math.isfinite(capacity) and capacity > 0):
-        raise ValueError(f"design.capacity_factor must be a finite number > 0 (such as 1.25) or null for no capacity "
-                         f"limit, got {capacity!r}")
-    return float(capacity)
+_CAPACITY = Interval(float, 0, None, closed="neither")
+#: moe_design's scalar fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``);
+#: the grid axes, top_k against num_experts, backends, routings, regions and the anchor are
+#: derived by ``check_design``
+CONSTRAINTS: dict[str, Any] = {
+    "design.ffn_mult": Interval(int, 1, None),
+    "design.expert": Options(list(EXPERT_KINDS)),
+    "design.capacity_factor": Rule(lambda v, cfg: v is None or _CAPACITY.accepts(v, cfg),
+                                   "a finite number > 0 (such as 1.25) or null for no capacity limit"),
+    "design.calibrate_kernels": Interval(int, 0, None, words="an integer >= 0 (0 = none)"),
+    "sample.points": Interval(int, 1, None),
+    "sample.max_weight_bytes": Interval(float, 0, None, closed="neither", words="> 0"),
+    "sample.max_predicted_s": Interval(float, 0, None, closed="neither", words="> 0"),
+    "sample.noise_pct": Interval(float, 0, 100, closed="left", words="in [0, 100)"),
+    "sample.passes": Interval(int, 1, MAX_PASSES),
+}
 
 
 def check_top_k(top_k: Sequence[int], num_experts: Sequence[int]) -> int:
@@ -170,23 +178,21 @@ def check_anchor(value: Any) -> dict[str, int]:
     return anchor
 
 
-def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Every design key validated (clear errors naming the ``design.*`` or ``sample.*`` key)
-    before any work; also run on every job of a ``-m`` sweep (``validate``)."""
+def check_design(cfg: Mapping[str, Any], *, checked: bool = False) -> dict[str, Any]:
+    """The design spec: ``CONSTRAINTS`` checked (unless ``checked``: ``validate`` checks them with
+    the shared ones in one pass) and what is derived from them validated (clear errors naming
+    the ``design.*`` or ``sample.*`` key) before any work."""
+    if not checked:
+        check(cfg, CONSTRAINTS)
     d = cfg["design"]
     axes = {k: _positive_ints(d, k) for k in GRID_AXES}
     skipped_pairs = check_top_k(axes["top_k"], axes["num_experts"])
-    mult = d["ffn_mult"]
-    if isinstance(mult, bool) or not isinstance(mult, int) or mult < 1:
-        raise ValueError(f"design.ffn_mult must be a positive integer (>= 1), got {mult!r}")
-    expert = d["expert"]
-    if expert not in EXPERT_KINDS:
-        raise ValueError(f"design.expert must be one of {list(EXPERT_KINDS)}, got {expert!r}")
+    mult, expert = d["ffn_mult"], d["expert"]
     backends = _items(d["backends"])
     bad = [b for b in backends if b not in MOE_BACKENDS]
     if not backends or bad or len(set(backends)) != len(backends):
         raise ValueError(f"design.backends must list distinct backends among {list(MOE_BACKENDS)}, got {backends!r}")
-    capacity = check_capacity(d.get("capacity_factor"))
+    capacity = None if d.get("capacity_factor") is None else float(d["capacity_factor"])
     if not d["routings"]:
         raise ValueError("design.routings must list at least one routing generator")
     routings = []  # (label, generator name, param, value, generator)
@@ -197,21 +203,8 @@ def check_design(cfg: Mapping[str, Any]) -> dict[str, Any]:
             label = name if param is None else f"{name} {param}={value:g}"
             routings.append((label, name, param, value, gen))
     regions = check_regions(d["regions"])
-    s = cfg["sample"]
-    if isinstance(s["points"], bool) or not isinstance(s["points"], int) or s["points"] < 1:
-        raise ValueError(f"sample.points must be a positive integer (>= 1), got {s['points']!r}")
-    for key in ("max_weight_bytes", "max_predicted_s"):
-        if isinstance(s[key], bool) or not (isinstance(s[key], (int, float)) and s[key] > 0):
-            raise ValueError(f"sample.{key} must be > 0, got {s[key]!r}")
-    if isinstance(s["noise_pct"], bool) or not (isinstance(s["noise_pct"], (int, float)) and 0 <= s["noise_pct"] < 100):
-        raise ValueError(f"sample.noise_pct must be in [0, 100), got {s['noise_pct']!r}")
-    passes = s.get("passes", 1)
-    if isinstance(passes, bool) or not isinstance(passes, int) or not 1 <= passes <= MAX_PASSES:
-        raise ValueError(f"sample.passes must be an integer in [1, {MAX_PASSES}], got {passes!r}")
     anchor = check_anchor(d["anchor"])
     calibrate = d.get("calibrate_kernels", 0)
-    if isinstance(calibrate, bool) or not isinstance(calibrate, int) or calibrate < 0:
-        raise ValueError(f"design.calibrate_kernels must be an integer >= 0 (0 = none), got {calibrate!r}")
     return {**axes, "calibrate_kernels": calibrate, "ffn_mult": mult, "backends": backends, "capacity_factor": capacity,
             "routings": routings, "regions": regions, "expert": str(expert), "anchor": anchor,
             "skipped_pairs": skipped_pairs}
@@ -473,16 +466,17 @@ def measure_sample(sample_rows: pd.DataFrame, routings: Mapping[tuple, Any], rt:
 def validate(cfg: Any) -> dict[str, Any]:
     """Every key checked, nothing built or measured (also run on every job of a -m sweep)."""
     cfg = config_dict(cfg)
-    check_common(cfg)
-    return check_design(cfg)
+    check_common(cfg, CONSTRAINTS)
+    return check_design(cfg, checked=True)
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    spec = validate(cfg)
+    spec = validate(cfg) if plan is None else plan
     measuring = check_measure_keys(cfg)
     progress = bool(cfg.get("progress", True))
-    rt = Runtime.from_cfg(cfg)
+    rt = Runtime.from_cfg(cfg, checked=True)
     probe = [MoEConfig(tokens=1, d_model=d, d_ff=spec["ffn_mult"] * d, num_experts=1, top_k=1, expert=spec["expert"],
                        backend=b, dtype=rt.dtype) for b in spec["backends"] for d in spec["d_model"]]
     unavailable = {c.backend: r for c in probe if (r := backend_unavailable_reason(c, rt.device))}

@@ -38,26 +38,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
+from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
 from costmodel.measure.timing import TimingConfig  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
-    plot_predicted_vs_measured, predict_only_summary, print_summary, print_table, summary, write_outputs,
+    plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
-from experiments.distributed_common import straggler_summary, variant_gains  # noqa: E402
+from experiments.distributed_common import (  # noqa: E402
+    finish_timelines, label_timeline_axis, print_straggler_and_summary, straggler_summary, timeline_grid, usable_cores,
+    variant_gains,
+)
+from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
@@ -71,7 +74,7 @@ from sim.distributed.ep_predict import (  # noqa: E402
 from sim.distributed.expert_placement import PLACEMENTS, ExpertPlacement  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
 from sim.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
-from sim.routing import check_capacity_factor, route  # noqa: E402
+from sim.routing import route  # noqa: E402
 from sim.simulator import cold_call_extra_s  # noqa: E402
 
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
@@ -88,10 +91,25 @@ A2A_GRID = (256, 2048, 16384, 131072, 1048576, 4194304)
 PHASE_COLOURS = {"router": "C0", "dispatch": "C1", "experts": "C2", "combine": "C3", "weighted_sum": "C4"}
 
 
-def _int_in(value: Any, field: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{field} must be an integer in [{lo}, {hi}], got {value!r}")
-    return value
+def _colocation_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
+    return value in COLOCATION_SOURCES and (value != "measure" or cfg.get("measure", True) is not False)
+
+
+#: moe_ep's fields: the MoE layer's (``experiments.moe_skew.CONSTRAINTS``) and the ``ep``
+#: block's; placements and the cores a measured world size needs are derived by ``check_ep``
+CONSTRAINTS: dict[str, Any] = {
+    **MOE_CONSTRAINTS,
+    "ep.world_size": Rule(lambda v, cfg: cfg.get("measure", True) is False or (is_int(v) and 2 <= v <= cfg["moe"]["num_experts"]),
+                          lambda cfg: f"an integer in [2, {cfg['moe']['num_experts']}]"),
+    "ep.whatif_world_size": at_most("moe.num_experts", low=2, words="an integer in"),
+    "ep.capacity_factor": [Interval(float, 0, None, closed="neither", words="a number > 0 (such as 1.25)"), None],
+    "ep.warmup": Interval(int, 0, 50),
+    "ep.repeats": Interval(int, 3, MAX_REPEATS),
+    "ep.timeout_s": Interval(int, 10, 3600),
+    "ep.collectives": Options(list(COLLECTIVE_SOURCES)),
+    "ep.colocation": Rule(_colocation_ok, lambda cfg: f"one of {list(COLOCATION_SOURCES)}" if cfg.get("measure", True)
+                          is not False else "'profile' or 'off' with measure=false (measure=false predicts only)"),
+}
 
 
 def _placements(value: Any, num_experts: int, world_size: int) -> list[str | ExpertPlacement]:
@@ -123,55 +141,44 @@ def _placements(value: Any, num_experts: int, world_size: int) -> list[str | Exp
     return out
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[str, Any]:
-    """The ``ep`` block: world size (measured: one pinned core per rank), placements, repeats."""
+    """The ``ep`` block (its fields checked by ``CONSTRAINTS``) with what is derived: a measured
+    world size against the cores (one pinned core per rank), the placements; defaults filled in."""
     ep = cfg.get("ep") or {}
     E = base.num_experts
-    W = _int_in(ep.get("world_size", 2), "ep.world_size", 2, E) if measuring else int(ep.get("world_size", 2))
+    W = int(ep.get("world_size", 2))
     if measuring:
         cores = usable_cores()
         if W > cores:
             raise ValueError(f"ep.world_size={W} cannot be placed here: one pinned core per rank and this process "
                              f"may use {cores} cores; allowed [2, {min(cores, E)}] (measure=false predicts any "
                              f"ep.whatif_world_size)")
-    whatif = _int_in(ep.get("whatif_world_size", 8), "ep.whatif_world_size", 2, E)
+    whatif = ep.get("whatif_world_size", 8)
     ranks = W if measuring else whatif
     placements = _placements(ep.get("placements", list(PLACEMENTS)), E, ranks)
     for p in placements:
         if p == "contiguous" and E % ranks:
             raise ValueError(f"ep.placements: 'contiguous' needs moe.num_experts={E} divisible by "
                              f"{'ep.world_size' if measuring else 'ep.whatif_world_size'}={ranks}")
-    out = {"world_size": ranks, "placements": placements,
-           "capacity_factor": check_capacity_factor(ep.get("capacity_factor")),
-           "warmup": _int_in(ep.get("warmup", 2), "ep.warmup", 0, 50),
-           "repeats": _int_in(ep.get("repeats", 15), "ep.repeats", 3, MAX_REPEATS),
-           "timeout_s": _int_in(ep.get("timeout_s", 600), "ep.timeout_s", 10, 3600),
-           "collectives": ep.get("collectives", "profile")}
-    if out["collectives"] not in COLLECTIVE_SOURCES:
-        raise ValueError(f"ep.collectives must be one of {list(COLLECTIVE_SOURCES)}, got {out['collectives']!r}")
-    out["colocation"] = ep.get("colocation", "profile")
-    if out["colocation"] not in COLOCATION_SOURCES:
-        raise ValueError(f"ep.colocation must be one of {list(COLOCATION_SOURCES)}, got {out['colocation']!r}")
-    if out["colocation"] == "measure" and not measuring:
-        raise ValueError("ep.colocation=measure needs measure=true (measure=false predicts only: use profile or off)")
-    return out
+    capacity = ep.get("capacity_factor")
+    return {"world_size": ranks, "placements": placements,
+            "capacity_factor": None if capacity is None else float(capacity),
+            "warmup": ep.get("warmup", 2), "repeats": ep.get("repeats", 15), "timeout_s": ep.get("timeout_s", 600),
+            "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "profile")}
 
 
 def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None, dict[str, Any]]:
     """Every check that needs no measuring: base keys, layer configs, routing sweep, the ep
     block (world size against experts and cores, placements), memory."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     measuring = check_measure_keys(cfg)
     if device.type != "cpu":
         raise ValueError(f"experiment=moe_ep runs its ranks as gloo processes on CPU; device must be cpu, got {device}")
     configs = moe_configs(cfg, str(cfg["dtype"]))
     generators = routing_generators(cfg)
-    capacity = check_capacity_factor(cfg["routing"].get("capacity_factor"))
+    capacity = cfg["routing"].get("capacity_factor")
+    capacity = None if capacity is None else float(capacity)
     ep = check_ep(cfg, configs[0], measuring)
     base = configs[0]
     if measuring:  # each rank builds the whole reference layer once, then its slots
@@ -216,10 +223,11 @@ def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile") 
     return fallback, "latency-bandwidth fit saved by an earlier measuring run (sim.distributed.ep_collectives)"
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    configs, generators, capacity, ep = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, generators, capacity, ep = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
@@ -330,16 +338,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
         print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f", "predicted_gain_L3": ".2f",
                                           "predicted_gain_L2": ".2f"},
                     title="load_aware over contiguous: 1 - step(load_aware) / step(contiguous)")
-    st = details["ep"]["straggler"]
-    console.print(f"straggler predicted = measured at {st['agree']} of {st['clear_points']} points whose ranks differ "
-                  f"beyond their noise ({st['points']} points in all)")
     rr = details["replay"]
     console.print(f"rank replay (kernels timed inside the ranks, composed: a composition check): L3 median "
                   f"{rr['median_ape_pct']['L3']:.1f}%, p90 {rr['p90_ape_pct']['L3']:.1f}%; in-rank kernels / profile: "
                   + ", ".join(f"{r} {v:.2f}x" for r, v in rr["kernels_in_rank_over_profile"].items()))
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
 
 
 def _colocation(rt: Runtime, ep: Mapping[str, Any], *, measuring: bool, progress: bool = False,
@@ -467,11 +470,7 @@ STRAGGLER_RULE = ("predicted: the rank with the most busy seconds (L3 held out);
 def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring: str, measured: bool) -> None:
     """Per placement (rows) at the least and the most concentrated routing (columns): each
     rank's phases as horizontal bars, the prediction (waits hatched) beside the measurement."""
-    placements = list(dict.fromkeys(p["placement"] for p in points))
-    values = sorted({p["value"] for p in points}, key=float)
-    cols = [values[0], values[-1]] if len(values) > 1 else values[:1]
-    fig, axes = plt.subplots(len(placements), len(cols), figsize=(6.5 * len(cols), 1.2 + 1.6 * len(placements)),
-                             squeeze=False)
+    placements, cols, fig, axes = timeline_grid(points, "placement", lambda rows: 1.2 + 1.6 * rows)
     for i, placement in enumerate(placements):
         for j, value in enumerate(cols):
             ax = axes[i][j]
@@ -497,22 +496,15 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
                     labels.append(f"rank {r} {name}")
                     y += 1
                 y += 0.4
-            ax.set_yticks([k + 0.4 * (k // (2 if measured else 1)) for k in range(len(labels))], labels, fontsize=7)
-            ax.invert_yaxis()
             step = f"measured {pt['measured']['step_s'] * 1e3:.2f} ms, " if measured else ""
-            ax.set_title(f"{placement}, routing {value}: {step}predicted {pt['predicted']['L3']['step_s'] * 1e3:.2f} ms",
-                         fontsize=8)
-            ax.set_xlabel("time from the step's start [ms]", fontsize=8)
-            ax.grid(True, axis="x", alpha=0.2)
+            label_timeline_axis(ax, [k + 0.4 * (k // (2 if measured else 1)) for k in range(len(labels))], labels,
+                                f"{placement}, routing {value}: {step}predicted "
+                                f"{pt['predicted']['L3']['step_s'] * 1e3:.2f} ms")
     handles = [matplotlib.patches.Patch(color=c, label=p) for p, c in PHASE_COLOURS.items()]
-    handles.append(matplotlib.patches.Patch(facecolor="white", edgecolor="k", hatch="///", label="wait (predicted)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
     what = ("measured bars (pale: medians per phase; dispatch and combine include their waits) above predicted "
             if measured else "predicted only (measure=false), ")
-    fig.suptitle(f"EP MoE step per rank: {what}({scoring})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_timelines(fig, handles, wait_label="wait (predicted)", path=path, rect=(0, 0.05, 1, 1),
+                     title=f"EP MoE step per rank: {what}({scoring})")
 
 
 # ----------------------------------------------------------------------------- measure=false

@@ -24,20 +24,21 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
 from costmodel.model.predictor import LEVELS  # noqa: E402
+from costmodel.cli.config_schema import Interval, Names, at_most  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     backend_list, calibration_options, check_common, check_measure_keys, config_dict, console, instantiate_sweep,
     output_dir, plot_latency_by_backend, plot_predicted_by_backend, plot_predicted_vs_measured,
-    print_summary, print_table, summary, write_outputs,
+    summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+    Workload, kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
 from sim.paired import distinct_kernels  # noqa: E402
 from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
-from sim.routing import check_capacity_factor, route  # noqa: E402
+from sim.routing import route  # noqa: E402
 
 
 #: this experiment can predict without measuring (``measure=false``)
@@ -48,48 +49,58 @@ def routing_generators(cfg: Mapping[str, Any]) -> list[tuple[Any, Any]]:
     return instantiate_sweep(cfg["routing"], "routing")
 
 
+#: moe_skew's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``);
+#: what the fields cannot say (the backends registered, the generator's keywords, memory)
+#: ``validate`` derives once
+CONSTRAINTS: dict[str, Any] = {
+    **{f"moe.{key}": Interval(int, 1, None) for key in ("tokens", "d_model", "d_ff", "num_experts")},
+    "moe.top_k": at_most("moe.num_experts"),
+    "moe.backends": Names(what="backend"),
+    "routing.capacity_factor": [Interval(float, 0, None, closed="neither", words="a number > 0 (such as 1.25)"), None],
+}
+
+
 def moe_configs(cfg: Mapping[str, Any], dtype: str) -> list[MoEConfig]:
     m = cfg["moe"]
-    backends = backend_list(m["backends"], "moe.backends")
-    if not backends:
-        raise ValueError("moe.backends must list at least one of loop, padded, grouped")
     return [
         MoEConfig(tokens=m["tokens"], d_model=m["d_model"], d_ff=m["d_ff"], num_experts=m["num_experts"],
                   top_k=m["top_k"], expert=m["expert"], backend=b, dtype=dtype)
-        for b in backends
+        for b in backend_list(m["backends"])
     ]
 
 
 def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None]:
-    """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
-    sweep before the first starts): base keys, layer configs, routing generators and
-    capacity, and whether the layers fit the device's memory. Returns (configs, generators,
-    capacity factor)."""
+    """The schema check (``CONSTRAINTS`` with the shared ones) and what ``run`` derives from
+    the config without measuring: the layer configs, the routing generators, whether the
+    layers fit the device's memory. Run once per job, by the entry point before the
+    measuring lock (and on every job of a ``-m`` sweep before the first starts); returns
+    ``run``'s plan: (configs, generators, capacity factor)."""
     cfg = config_dict(cfg)
-    device = check_common(cfg)
+    device = check_common(cfg, CONSTRAINTS)
     configs = moe_configs(cfg, str(cfg["dtype"]))
     generators = routing_generators(cfg)
-    capacity = check_capacity_factor(cfg["routing"].get("capacity_factor"))
+    capacity = cfg["routing"].get("capacity_factor")
+    capacity = None if capacity is None else float(capacity)
     base = configs[0]
     max_rows = None if capacity is None else math.ceil(capacity * base.tokens * base.top_k / base.num_experts)
-    check_fits_device(combine(moe_need(c, max_rows_per_expert=max_rows) for c in configs), device,
+    check_fits_device(combine([moe_need(c, max_rows_per_expert=max_rows) for c in configs]), device,
                       what=f"the MoE layers of moe_skew ({len(configs)} backends)",
                       knobs=["moe.d_model", "moe.d_ff", "moe.num_experts", "moe.tokens", "moe.backends"])
     return configs, generators, capacity
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *,
+        plan: tuple[list[MoEConfig], list[tuple[Any, Any]], float | None] | None = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    # --- validate everything before any work
-    configs, generators, capacity = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    configs, generators, capacity = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     unavailable = {c.backend: r for c in configs if (r := backend_unavailable_reason(c, rt.device))}
     for backend, reason in unavailable.items():
         console.print(f"[yellow]backend {backend!r} is unavailable here and is skipped:[/] {reason}")
     configs = [c for c in configs if c.backend not in unavailable]
     if not configs:
         raise ValueError(f"no requested MoE backend can run here: {unavailable}")
-    meas = cfg["per_kernel"]
     measuring = check_measure_keys(cfg)
     out = output_dir(cfg, out_dir)
 
@@ -127,18 +138,11 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     }
     if not measuring:
         return _predict_only(cfg, rt, model, workloads, details, out)
-    heldout = heldout_for(rt, model, [w.trace for w in workloads], what="moe_skew")
-    pairing = pairing_for(cfg, rt, "moe")
-    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing, heldout=heldout,
-                            references=drift_references(rt, suite), description="measure moe layers (and their kernels)",
-                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
-    model = heldout.model  # the per-kernel breakdown is held out too, as the headline
-
-    # --- per-kernel errors at one skewed point, every backend
-    kp = int(meas["point"]) % len(generators)
-    per_kernel = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
-                                  iterations=int(meas["iterations"]), timing=rt.timing)
-    per_kernel.to_csv(out / "per_kernel.csv", index=False)
+    df, model = measure_sweep(cfg, rt, model, workloads, what="moe_skew", suite="moe",
+                              references=lambda: drift_references(rt, suite),
+                              description="measure moe layers (and their kernels)")
+    # --- per-kernel errors at one skewed point, every backend (held out too, as the headline)
+    kp, per_kernel = kernel_point_table(cfg, rt, model, workloads, len(generators), out)
 
     summ = summary("moe_skew", rt.fingerprint.describe(), df, details={
         **details,
@@ -149,14 +153,13 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     })
     write_outputs(out, df, summ)
     _plots(df, out, cfg)
-    print_table(df, {"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "measured_s": "ms",
-                     "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L0_pct": ".1f",
-                     "ape_L3_pct": ".1f", "achieved_gflops": ".1f"},
-                title=f"MoE layer latency vs {cfg['routing']['sweep']['param']} (ms; APE %)")
-    print_kernel_breakdown(per_kernel, f"per-kernel breakdown at {cfg['routing']['sweep']['param']}={generators[kp][0]} (profiler, ms)")
-    print_summary(summ)
-    console.print(f"outputs in {out}")
-    return summ
+    param = cfg["routing"]["sweep"]["param"]
+    return print_sweep_report(
+        df, per_kernel, summ, out, title=f"MoE layer latency vs {param} (ms; APE %)",
+        columns={"value": "", "backend": "", "max_over_mean": ".2f", "norm_entropy": ".2f", "measured_s": "ms",
+                 "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "ape_L0_pct": ".1f",
+                 "ape_L3_pct": ".1f", "achieved_gflops": ".1f"},
+        breakdown_title=f"per-kernel breakdown at {param}={generators[kp][0]} (profiler, ms)")
 
 
 def _predict_only(cfg: Mapping[str, Any], rt: Runtime, model: Any, workloads: list[Workload],

@@ -278,13 +278,14 @@ def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[PlacementWorkload], d
     return settings, workloads, memory
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    settings, workloads, memory = validate(cfg)  # everything checked before any work
+    settings, workloads, memory = validate(cfg) if plan is None else plan  # everything checked before any work
     p = cfg["placement"]
     levels, repeats = placement_levels(p["levels"]), p["repeats"]
     progress = bool(cfg.get("progress", True))
-    rt0 = Runtime.from_cfg(cfg)
+    rt0 = Runtime.from_cfg(cfg, checked=True)
     out = output_dir(cfg, out_dir)
     suite = calibration_suite(workloads)
 
@@ -296,7 +297,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     frames, drifts = [], {}
     for s in settings:
         with device_context(s["cores"], s["threads"]):
-            rt = Runtime.from_cfg({**cfg, "threads": s["threads"]})
+            rt = Runtime.from_cfg({**cfg, "threads": s["threads"]}, checked=True)
             fp = rt.fingerprint.id
             if fp not in models:
                 console.print(f"device {s['name']}: {s['threads']} thread(s) on cores {s['cores']}, profile {fp}")

@@ -21,13 +21,13 @@ matplotlib.use("Agg")
 import torch  # noqa: E402
 
 from costmodel.measure.runtime import Runtime  # noqa: E402
-from experiments.workloads import heldout_for, pairing_for  # noqa: E402
 from sim.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
-    CapturedWorkload, coverage_details, evaluate_captured, missing_extra_error, training_details,
+    CapturedWorkload, coverage_details, measure_captured, missing_extra_error, training_details,
 )
+from costmodel.cli.config_schema import Interval, ListOf, Options, Rule, is_int  # noqa: E402
 from experiments.common import (  # noqa: E402
-    calibration_options, check_common, check_coverage_iterations, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary, skew_axis_label,
+    calibration_options, check_common, config_dict, console, instantiate_sweep, output_dir, plot_latency_by_backend, plot_predicted_vs_measured, print_summary, skew_axis_label,
     print_table, summary, write_outputs,
 )
 from sim.api import capture_module  # noqa: E402
@@ -46,18 +46,16 @@ def _pyg() -> Any:
     return torch_geometric
 
 
-def check_pyg_cfg(p: Mapping[str, Any]) -> None:
-    for name in ("num_nodes", "num_edges", "in_features", "hidden_features", "out_features"):
-        v = p[name]
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"pyg.{name} must be a positive integer (>= 1), got {v!r}")
-    bad = [c for c in p["convs"] if c not in CONVS]
-    if bad:
-        raise ValueError(f"pyg.convs must list some of {list(CONVS)}, got {list(p['convs'])}")
-    if p["model_layers"] not in (0, 1, 2, 3, 4):
-        raise ValueError(f"pyg.model_layers must be in [0, 4] (0 = no GraphSAGE model), got {p['model_layers']!r}")
-    if not p["convs"] and not p["model_layers"]:
-        raise ValueError("pyg.convs is empty and pyg.model_layers is 0: nothing to run")
+#: pyg_conv's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``)
+CONSTRAINTS: dict[str, Any] = {
+    **{f"pyg.{key}": Interval(int, 1, None)
+       for key in ("num_nodes", "num_edges", "in_features", "hidden_features", "out_features")},
+    "pyg.convs": ListOf(Options(CONVS), min_len=0, words=f"a list of some of {list(CONVS)}"),
+    # a cross-field rule: with no conv listed, the GraphSAGE model is all there is to run
+    "pyg.model_layers": Rule(lambda v, cfg: is_int(v) and (1 if not cfg["pyg"]["convs"] else 0) <= v <= 4,
+                             lambda cfg: "an integer in [0, 4] (0 = no GraphSAGE model)" if cfg["pyg"]["convs"] else
+                             "an integer in [1, 4] (pyg.convs is empty: with 0 there is nothing to run)"),
+}
 
 
 def make_graphs(cfg: Mapping[str, Any], seed: int) -> list[tuple[Any, torch.Tensor]]:
@@ -82,20 +80,19 @@ def validate(cfg: Any) -> list[tuple[Any, Any]]:
     """Every key checked, torch-geometric importable and every graph of the sweep drawn and
     checked, nothing measured; returns the graphs."""
     cfg = config_dict(cfg)
-    check_common(cfg)
-    check_pyg_cfg(cfg["pyg"])
-    check_coverage_iterations(cfg)
+    check_common(cfg, CONSTRAINTS)
     _pyg()
     return make_graphs(cfg, int(cfg.get("seed", 0)))  # validates the sweep and every edge index
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
     p = cfg["pyg"]
-    graphs = validate(cfg)
+    graphs = validate(cfg) if plan is None else plan
     from torch_geometric.nn import GCNConv, GraphSAGE, SAGEConv
 
-    rt = Runtime.from_cfg(cfg)
+    rt = Runtime.from_cfg(cfg, checked=True)
     dtype = getattr(torch, rt.dtype)
     out = output_dir(cfg, out_dir)
     N = p["num_nodes"]
@@ -140,11 +137,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="pyg_conv",
                              progress=bool(cfg.get("progress", True)),
                              heldout=distinct_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
-    heldout = heldout_for(rt, model, [w.captured.kernels() for w in workloads], what="pyg_conv")
-    pairing = pairing_for(cfg, rt, "pyg_conv")
-    df = evaluate_captured(model, workloads, device=rt.device, timing=rt.timing, description="measure pyg convs",
-                           progress=bool(cfg.get("progress", True)),
-                           coverage_iterations=int(cfg["coverage"]["iterations"]), pairing=pairing, heldout=heldout)
+    df = measure_captured(cfg, rt, model, workloads, what="pyg_conv", description="measure pyg convs")
     summ = summary("pyg_conv", rt.fingerprint.describe(), df, details={
         **coverage_details(df),
         "graph": {k: p[k] for k in ("num_nodes", "num_edges", "in_features", "hidden_features", "out_features")},

@@ -22,6 +22,7 @@ from costmodel.cli.plots import roofline_plot
 from costmodel.measure.runtime import Runtime
 from costmodel.model.features import roofline_time_s
 from costmodel.model.predictor import CostModel, LEVELS
+from costmodel.cli.config_schema import Names
 from experiments.common import add_errors, check_common, config_dict, console, output_dir, print_summary, print_table, summary, write_outputs
 
 
@@ -48,23 +49,25 @@ def latest_results(patterns: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+#: roofline's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``)
+CONSTRAINTS: dict[str, Any] = {"roofline.results_globs": Names(what="glob", min_len=0)}
+
+
 def validate(cfg: Any) -> list[str]:
     """Every check of ``run`` that needs no measuring (also run on every job of a ``-m``
     sweep before the first starts): base keys and ``roofline.results_globs``. Returns the globs.
     (Whether a fitted profile exists is checked by ``run``: an earlier job may create it.)"""
     cfg = config_dict(cfg)
-    check_common(cfg)
+    check_common(cfg, CONSTRAINTS)
     globs = cfg["roofline"]["results_globs"]
-    globs = [globs] if isinstance(globs, str) else globs
-    if not isinstance(globs, list) or not all(isinstance(g, str) for g in globs):
-        raise ValueError(f"roofline.results_globs must be a glob or a list of globs, got {globs!r}")
-    return globs
+    return [globs] if isinstance(globs, str) else list(globs)
 
 
-def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
+    """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
-    globs = validate(cfg)
-    rt = Runtime.from_cfg(cfg)
+    globs = validate(cfg) if plan is None else plan
+    rt = Runtime.from_cfg(cfg, checked=True)
     profile = rt.open_profile(create=False)
     model = CostModel.load(profile, expected=rt.fingerprint, allow_stale=True)
     out = output_dir(cfg, out_dir)

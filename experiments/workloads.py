@@ -298,3 +298,42 @@ def predict_only(name: str, model: CostModel, workloads: Sequence[Workload], det
     print_table(df, columns, title=title)
     console.print(f"outputs in {out}")
     return summ
+
+
+def measure_sweep(cfg: Any, rt: Any, model: CostModel, workloads: Sequence[Workload], *, what: str, suite: str,
+                  references: Callable[[], Sequence[DriftReference]], description: str) -> tuple[pd.DataFrame, CostModel]:
+    """The measuring part every sweep experiment (moe_skew, gnn_degree) shares: the held-out
+    models (``heldout_for``), the paired kernels of ``suite`` (``pairing_for``), the drift
+    ``references()``, every workload timed and scored (``evaluate_workloads``). Returns the table and the held-out
+    model (the per-kernel breakdown is held out too, as the headline)."""
+    heldout = heldout_for(rt, model, [w.trace for w in workloads], what=what)
+    pairing = pairing_for(cfg, rt, suite)
+    df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, pairing=pairing,
+                            heldout=heldout, references=references(), description=description,
+                            progress=bool(cfg.get("progress", True)), peak_flops_per_s=model.ceilings["peak_flops_per_s"])
+    return df, heldout.model
+
+
+def kernel_point_table(cfg: Any, rt: Any, model: CostModel, workloads: Sequence[Workload], points: int,
+                       out: Any) -> tuple[int, pd.DataFrame]:
+    """``per_kernel.point`` (an index into the sweep's ``points``, negative from the end): its
+    workloads' kernels profiled one by one (``per_kernel_table``), written to per_kernel.csv.
+    Returns (the point's index, the table)."""
+    kp = int(cfg["per_kernel"]["point"]) % points
+    table = per_kernel_table(model, [w for w in workloads if w.columns["point"] == kp], device=rt.device,
+                             iterations=int(cfg["per_kernel"]["iterations"]), timing=rt.timing)
+    table.to_csv(out / "per_kernel.csv", index=False)
+    return kp, table
+
+
+def print_sweep_report(df: pd.DataFrame, per_kernel: pd.DataFrame, summ: dict[str, Any], out: Any, *,
+                       columns: dict[str, str], title: str, breakdown_title: str) -> dict[str, Any]:
+    """The console tail of a measured sweep: the table, the per-kernel breakdown, the summary,
+    where the outputs are. Returns ``summ``."""
+    from experiments.common import print_summary  # noqa: PLC0415
+
+    print_table(df, columns, title=title)
+    print_kernel_breakdown(per_kernel, breakdown_title)
+    print_summary(summ)
+    console.print(f"outputs in {out}")
+    return summ

@@ -1,7 +1,11 @@
 """`python -m sim experiment=NAME [overrides]`: run one experiment (``-m`` for sweeps).
 
-conf/experiment/NAME.yaml selects experiments/NAME.py, whose ``run(cfg)`` does the work
-and is testable without this entry point. ``python -m sim -m 'experiment=glob(*)'`` runs
+conf/experiment/NAME.yaml selects experiments/NAME.py. The config is checked once, here:
+the module's ``validate(cfg)`` checks it against the schema (``costmodel.cli.config_schema``:
+conf/base.yaml's keys, ``experiments.common.COMMON_CONSTRAINTS`` and the module's
+``CONSTRAINTS``) and returns the plan it derives (layer configs, generators), which
+``run(cfg, plan=plan)`` gets; ``run(cfg)`` called from Python validates first, so it is
+testable without this entry point. ``python -m sim -m 'experiment=glob(*)'`` runs
 every experiment.
 
 Bad input (a ValueError naming the field) prints one line and exits with status 2
@@ -67,16 +71,20 @@ def main(cfg: DictConfig) -> None:
     from costmodel.store.locks import LockBusyError, MeasureLockConfig, measuring
 
     module = importlib.import_module(f"experiments.{cfg.name}")
-    if not measures(module, cfg):
-        module.run(cfg)
+    times_here = measures(module, cfg)
+    if times_here:
+        refuse_parallel_measuring(f"experiment={cfg.name}")
+    # the config is checked here, once: the schema and the plan the experiment derives from it
+    # (a bad config fails at once, not after waiting for the measuring lock); run gets the plan
+    plan = module.validate(cfg)
+    if not times_here:
+        module.run(cfg, plan=plan)
         return
-    refuse_parallel_measuring(f"experiment={cfg.name}")
-    module.validate(cfg)  # a bad config fails at once, not after waiting for the measuring lock
     try:
         # the whole experiment (calibration, freshness check, layer timing) holds the
         # machine's measuring lock: another measuring process would corrupt both timings
         with measuring(f"experiment={cfg.name}", MeasureLockConfig.from_cfg(cfg.get("measure_lock"))):
-            module.run(cfg)
+            module.run(cfg, plan=plan)
     except LockBusyError as busy:  # one line, not a traceback
         logging.getLogger("sim").error(str(busy))
         sys.exit(75)

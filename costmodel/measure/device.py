@@ -39,11 +39,15 @@ def resolve_device(kind: str) -> torch.device:
     """'cpu', 'cuda' or 'auto' (cuda when available) -> torch.device, with a clear error."""
     if kind not in DEVICE_KINDS:
         raise ValueError(f"device must be one of {list(DEVICE_KINDS)}, got {kind!r}")
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError("device='cuda' was asked for but torch.cuda.is_available() is False on this machine")
-    return torch.device(kind)
+    return device_of(kind)
+
+
+def device_of(kind: str) -> torch.device:
+    """The device of a ``device`` setting ``resolve_device`` already accepted ('auto': cuda
+    when available), unchecked."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if kind == "auto" else kind)
 
 
 def check_dtype(dtype: str, device: torch.device) -> torch.dtype:

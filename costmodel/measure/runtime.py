@@ -8,7 +8,6 @@ fingerprint and the profile folder that belongs to it.
 
 from __future__ import annotations
 
-import dataclasses
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,11 +16,11 @@ from typing import Any, Mapping
 import torch
 from hydra.utils import to_absolute_path
 
-from costmodel.measure.allocator import ALLOCATOR_MODES, configure_allocator
+from costmodel.measure.allocator import configure_allocator
 from costmodel.measure.bench import SizeLimits
-from costmodel.measure.device import Fingerprint, check_dtype, check_threads, fingerprint, resolve_device
+from costmodel.measure.device import Fingerprint, check_dtype, check_threads, device_of, fingerprint, resolve_device
 from costmodel.measure.timing import TimingConfig
-from costmodel.store.locks import MeasureLockConfig, measuring
+from costmodel.store.locks import MeasureLockConfig, check_lock_path, measuring
 from costmodel.store.profile import DeviceProfile
 
 
@@ -32,42 +31,35 @@ def _abs(path: str) -> Path:
         return Path(path).absolute()
 
 
-def check_cfg(cfg: Mapping[str, Any]) -> torch.device:
-    """Validate conf/base.yaml's keys (device, dtype, threads, allocator, seed, timing, limits)
-    without changing anything in the process (no thread count or allocator is set, so a
-    multirun can check every job's config up front); returns the device."""
-    allocator = cfg.get("allocator", "steady")
-    if allocator not in ALLOCATOR_MODES:
-        raise ValueError(f"allocator must be one of {list(ALLOCATOR_MODES)}, got {allocator!r}")
+def check_cfg(cfg: Mapping[str, Any], constraints: Mapping[str, Any] | None = None) -> torch.device:
+    """Validate conf/base.yaml's keys (device, dtype, threads, allocator, seed, timing, limits,
+    measure_lock) against ``costmodel.cli.config_schema.BASE_CONSTRAINTS``, with the caller's
+    ``constraints`` (an experiment's fields) in the same pass and the same error format, then
+    what is derived from them: the device ``device`` resolves to, whether ``dtype`` computes
+    there, that ``limits`` has that device type. Changes nothing in the process (no thread
+    count or allocator is set, so a multirun can check every job's config up front); returns
+    the device."""
+    from costmodel.cli.config_schema import BASE_CONSTRAINTS, check
+
+    check(cfg, {**BASE_CONSTRAINTS, **dict(constraints or {})})
     device = resolve_device(str(cfg["device"]))
     check_dtype(str(cfg["dtype"]), device)
-    check_threads(cfg.get("threads"))
-    seed = cfg.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
-    timing_config(cfg.get("timing") or {})
-    MeasureLockConfig.from_cfg(cfg.get("measure_lock"))
+    lock_path = (cfg.get("measure_lock") or {}).get("path")
+    if lock_path is not None:  # its folder must exist (derived: the file system says)
+        check_lock_path(lock_path)
     limits = (cfg.get("limits") or {}).get(device.type)
     if not isinstance(limits, Mapping):
-        raise ValueError(f"limits.{device.type} must give max_flops, max_bytes (and max_call_s) for this device")
-    for key in ("max_flops", "max_bytes", "max_call_s"):
-        value = limits.get(key, 1.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"limits.{device.type}.{key} must be a number > 0, got {value!r}")
+        raise ValueError(f"limits.{device.type} must be a mapping of max_flops, max_bytes (and max_call_s) for "
+                         f"this device, got {limits!r}")
     return device
 
 
 def timing_config(values: Mapping[str, Any]) -> TimingConfig:
-    """``TimingConfig(**values)`` with every key and type checked, naming the ``timing.`` field."""
-    fields = {f.name: f for f in dataclasses.fields(TimingConfig)}
-    for key, value in values.items():
-        if key not in fields:
-            raise ValueError(f"timing.{key} is not a timing setting; allowed: {sorted(fields)}")
-        default = fields[key].default
-        kinds = (bool,) if isinstance(default, bool) else (int,) if isinstance(default, int) else (int, float)
-        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
-            kind = "true or false" if kinds == (bool,) else "an integer" if kinds == (int,) else "a number"
-            raise ValueError(f"timing.{key} must be {kind}, got {value!r}")
+    """``TimingConfig(**values)`` with every key and type checked (the schema's ``timing.*``
+    constraints), naming the ``timing.`` field."""
+    from costmodel.cli.config_schema import BASE_CONSTRAINTS, check
+
+    check({"timing": dict(values)}, {k: v for k, v in BASE_CONSTRAINTS.items() if k.split(".")[0] == "timing"})
     return TimingConfig(**values)
 
 
@@ -83,16 +75,19 @@ class Runtime:
     measure_lock: MeasureLockConfig = field(default_factory=MeasureLockConfig)
 
     @classmethod
-    def from_cfg(cls, cfg: Mapping[str, Any], *, timing_overrides: Mapping[str, Any] | None = None) -> "Runtime":
-        device = check_cfg(cfg)
+    def from_cfg(cls, cfg: Mapping[str, Any], *, timing_overrides: Mapping[str, Any] | None = None,
+                 checked: bool = False) -> "Runtime":
+        """The runtime of a config; ``checked=True`` when ``check_cfg`` already passed on it
+        (an experiment's ``validate`` at the entry point): it is not checked again."""
+        device = device_of(str(cfg["device"])) if checked else check_cfg(cfg)
         configure_allocator(str(cfg.get("allocator", "steady")))
         dtype = str(cfg["dtype"])
-        threads = check_threads(cfg.get("threads"))
+        threads = cfg.get("threads") if checked else check_threads(cfg.get("threads"))
         if threads is not None:
             torch.set_num_threads(threads)
         timing_cfg = {**dict(cfg["timing"]), **dict(timing_overrides or {})}
         limits = cfg["limits"][device.type]
-        timing = timing_config(timing_cfg)
+        timing = TimingConfig(**timing_cfg) if checked and not timing_overrides else timing_config(timing_cfg)
         measure_lock = MeasureLockConfig.from_cfg(cfg.get("measure_lock"))
         return cls(
             device=device,

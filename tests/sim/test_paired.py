@@ -16,7 +16,8 @@ from costmodel.families.gemm import GemmSpec
 from costmodel.families.sort import SortSpec
 from costmodel.measure.bench import SizeLimits, measure_specs
 from costmodel.measure.timing import Measurement, TimingConfig
-from experiments.common import calibration_options, paired_enabled
+from costmodel.cli.config_schema import check
+from experiments.common import COMMON_CONSTRAINTS, paired_enabled
 from experiments.workloads import Pairing, Workload, evaluate_workloads
 from sim.calibration import calibrated_model
 from sim.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, layer_kernel_jobs, paired_order, record_paired
@@ -157,7 +158,7 @@ def test_cold_chain_is_timed_only_where_the_overhead_applies():
 @pytest.mark.parametrize("bad", ["yes", 1, None])
 def test_bad_paired_value_names_the_key(bad):
     with pytest.raises(ValueError, match="calibration.paired must be true or false"):
-        calibration_options({"calibration": {"paired": bad}})
+        check({"calibration": {"paired": bad}}, COMMON_CONSTRAINTS)  # the schema every experiment checks once
 
 
 def test_paired_is_on_by_default():
