@@ -180,7 +180,6 @@ def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | 
     capacity = cfg["routing"].get("capacity_factor")
     capacity = None if capacity is None else float(capacity)
     ep = check_ep(cfg, configs[0], measuring)
-    base = configs[0]
     if measuring:  # each rank builds the whole reference layer once, then its slots
         check_fits_device(combine([moe_need(c) for c in configs] * (ep["world_size"] + 1)), device,
                           what=f"the EP layers of moe_ep ({ep['world_size']} ranks)",
