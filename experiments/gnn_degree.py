@@ -30,7 +30,7 @@ from experiments.common import (  # noqa: E402
     print_summary, print_table, skew_axis_label, summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+    evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
 )
 from sim.predict.paired import distinct_kernels  # noqa: E402
 from sim.workloads.backends import gnn_backend  # noqa: E402
@@ -38,6 +38,7 @@ from sim.predict.calibration import calibrated_model, drift_references, fitted_m
 from sim.workloads.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
 from sim.workloads.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
 from sim.workloads.memory import check_fits_device, combine, gnn_need  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 
 #: this experiment can predict without measuring (``measure=false``)

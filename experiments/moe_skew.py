@@ -31,13 +31,14 @@ from experiments.common import (  # noqa: E402
     print_summary, print_table, summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
+    evaluate_workloads, heldout_for, pairing_for, per_kernel_table, predict_only, print_kernel_breakdown,
 )
 from sim.predict.paired import distinct_kernels  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.workloads.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E402
 from sim.workloads.routing import check_capacity_factor, route  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 
 #: this experiment can predict without measuring (``measure=false``)

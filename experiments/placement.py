@@ -51,11 +51,12 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     calibration_options, check_common, config_dict, console, output_dir, print_summary, print_table, summary,
 )
-from experiments.workloads import Workload as Measurable, evaluate_workloads  # noqa: E402
+from experiments.workloads import evaluate_workloads  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
 from sim.place.placement import SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place  # noqa: E402
 from sim.place.placement_workloads import calibration_suite  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 ORACLE = "oracle"
 #: ``placement.colocation``: profile (the devices' profiles' co-location factors where measured) | off
@@ -289,7 +290,7 @@ def run(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
     suite = calibration_suite(workloads)
 
     # --- calibrate and measure every device, pinned, with its own thread count
-    runnable = [Measurable(w.name, w.trace, w.factory.build(rt0.device), {"workload": w.name, **w.columns})
+    runnable = [Workload(w.name, w.trace, w.factory.build(rt0.device), {"workload": w.name, **w.columns})
                 for w in workloads]
     models: dict[str, CostModel] = {}
     devices: list[Device] = []

@@ -1,16 +1,17 @@
-"""A workload is something runnable with a trace: predict it, measure it, compare.
+"""Predict workloads, measure them, compare.
 
-Every experiment builds a list of ``Workload`` (a layer or a bare kernel, its kernel trace,
-a zero-argument callable that runs it, and descriptive columns), then
+Every experiment builds a list of ``sim.workloads.workload.Workload`` (a layer or a bare
+kernel: its name, its kernel trace, a zero-argument callable that runs it (None when the
+experiment only predicts, measure=false) and descriptive columns), then
 ``evaluate_workloads`` predicts each trace with every cost-model level, measures every
-callable in interleaved rounds and returns one tidy row per workload with the APE of
-every level.
+callable in interleaved rounds and returns one tidy row per workload (its name in the
+``label`` column) with the APE of every level.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -23,22 +24,7 @@ from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
 from sim.predict.calibration import DriftReference, drift_summary
 from sim.predict.simulator import cold_call_extra_s, per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
-
-
-@dataclass
-class Workload:
-    label: str  # short name for tables and plots
-    trace: Sequence[KernelSpec]  # what it executes
-    run: Callable[[], Any] | None  # runs it once (None: predicted only, measure=false)
-    columns: dict[str, Any] = field(default_factory=dict)  # experiment-specific descriptors
-
-    @property
-    def flops(self) -> float:
-        return float(sum(s.flops() for s in self.trace))
-
-    @property
-    def bytes_moved(self) -> float:
-        return float(sum(s.bytes_moved() for s in self.trace))
+from sim.workloads.workload import Workload
 
 
 def predict_workloads(model: CostModel, workloads: Sequence[Workload],
@@ -53,7 +39,7 @@ def predict_workloads(model: CostModel, workloads: Sequence[Workload],
             extra = cold_call_extra_s(model, "L3")
             factor = pred["family"].map(l3_factor).to_numpy(dtype=np.float64)
             pred["L3"] = (pred["L3"] - extra) * factor + extra
-        rows.append({"label": w.label, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
+        rows.append({"label": w.name, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
                      "kernels": len(w.trace), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS}})
     return pd.DataFrame(rows)
 
@@ -269,7 +255,7 @@ def per_kernel_table(model: CostModel, workloads: Sequence[Workload], *, device:
     for w in workloads:
         measured = profile_kernels(w.run, w.trace, device=device, iterations=iterations, cold=cold)
         errors = per_kernel_errors(predict_trace(model, w.trace, quiet=True), measured)
-        errors.insert(0, "workload", w.label)
+        errors.insert(0, "workload", w.name)
         tables.append(errors)
     return pd.concat(tables, ignore_index=True)
 

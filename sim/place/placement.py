@@ -1,13 +1,13 @@
 """Latency-aware placement: put workloads on devices so the slowest device finishes first.
 
 ``place(workloads, devices, predict) -> Placement``. A ``PlacementWorkload`` is any predictable
-unit: a name, its kernel trace (``costmodel.families`` descriptors: a layer's hand-written
-trace, or a captured module's), a memory footprint and a picklable factory that builds a
-runnable callable on a device (so a worker process can run it). A ``Device`` is a stored,
-fitted profile (``CostModel``: its fingerprint names device, threads, dtype) plus its
-memory and, for CPU "devices", the cores it is pinned to. ``predict`` is a cost-model
-level ("L0" FLOPs/peak, "L1", "L2" roofline, "L3" fitted) or any callable
-``(workload, device) -> seconds`` (the oracle passes measured latencies).
+unit, a ``sim.workloads.workload.Workload``: a name, its kernel trace (``costmodel.families``
+descriptors: a layer's hand-written trace, or a captured module's), plus a memory footprint
+and a picklable factory that builds a runnable callable on a device (so a worker process
+can run it). A ``Device`` is a stored, fitted profile (``CostModel``: its fingerprint names
+device, threads, dtype) plus its memory and, for CPU "devices", the cores it is pinned to.
+``predict`` is a cost-model level ("L0" FLOPs/peak, "L1", "L2" roofline, "L3" fitted) or
+any callable ``(workload, device) -> seconds`` (the oracle passes measured latencies).
 
 The problem is makespan minimisation on unrelated parallel machines, R||Cmax in the
 notation of Graham, Lawler, Lenstra & Rinnooy Kan (1979): every workload runs on one
@@ -52,6 +52,7 @@ import torch
 from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.device import Fingerprint
 from costmodel.model.predictor import CostModel
+from sim.workloads.workload import Workload
 
 #: solvers ``place`` accepts: auto (exact when small, else LPT), milp, lpt
 SOLVERS = ("auto", "milp", "lpt")
@@ -86,22 +87,20 @@ class WorkloadFactory(Protocol):
     def build(self, device: torch.device) -> Callable[[], Any]: ...
 
 
-@dataclass(frozen=True, eq=False)
-class PlacementWorkload:
-    """A predictable, runnable unit of work (named apart from ``experiments.workloads.Workload``,
-    a layer measured by an experiment; ``sim.place.placement.Workload`` is a deprecated alias).
+@dataclass(frozen=True, eq=False, kw_only=True)
+class PlacementWorkload(Workload):
+    """A ``Workload`` that can be placed: predictable from its trace, runnable on any device.
 
     ``trace`` is what it executes, as kernel descriptors (a layer's ``moe_trace``/``gnn_trace``
-    /``mlp_trace``, or a captured module's descriptors: ``PlacementWorkload(name, captured.specs, ...)``
-    works for any sequence of ``KernelSpec``); ``memory_bytes`` what it keeps resident on a
-    device while placed there (weights, inputs, indices and its largest working set).
+    /``mlp_trace``, or a captured module's descriptors: ``PlacementWorkload(name, captured.specs,
+    memory_bytes=..., factory=...)`` works for any sequence of ``KernelSpec``); ``memory_bytes``
+    what it keeps resident on a device while placed there (weights, inputs, indices and its
+    largest working set); ``factory`` builds its callable on a device, in whatever process runs
+    it (``run`` stays None: a placement workload runs where it is placed).
     """
 
-    name: str
-    trace: tuple[KernelSpec, ...]
     memory_bytes: int
     factory: WorkloadFactory
-    columns: Mapping[str, Any] = field(default_factory=dict)  # descriptive columns for tables (kind, skew, ...)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -122,23 +121,9 @@ class PlacementWorkload:
         if not callable(getattr(self.factory, "build", None)):
             raise PlacementError(f"workload {self.name!r}: factory must have a build(device) method, "
                                  f"got {type(self.factory).__name__}")
-
-    @property
-    def flops(self) -> float:
-        return float(sum(s.flops() for s in self.trace))
-
-    @property
-    def bytes_moved(self) -> float:
-        return float(sum(s.bytes_moved() for s in self.trace))
-
-
-def __getattr__(name: str) -> Any:
-    """``Workload``: the deprecated name of ``PlacementWorkload`` (a DeprecationWarning)."""
-    if name == "Workload":
-        warnings.warn("sim.place.placement.Workload is deprecated: use sim.place.placement.PlacementWorkload (experiments.workloads."
-                      "Workload is another class)", DeprecationWarning, stacklevel=2)
-        return PlacementWorkload
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        if self.run is not None:
+            raise PlacementError(f"workload {self.name!r}: run must be None (a placement workload runs through "
+                                 "factory.build(device), on the device it is placed on)")
 
 
 @dataclass(frozen=True, eq=False)

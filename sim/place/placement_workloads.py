@@ -103,7 +103,8 @@ def moe_workload(name: str, *, tokens: int, d_model: int, d_ff: int, num_experts
     resident = el * (d_model * num_experts + projections * num_experts * d_model * d_ff + tokens * d_model)
     resident += routing.expert_ids.size * (INDEX_BYTES + 4)
     metrics = routing.metrics()
-    return PlacementWorkload(name, tuple(trace), footprint_bytes(resident, trace), MoEFactory(cfg, routing, seed), {
+    return PlacementWorkload(name, tuple(trace), memory_bytes=footprint_bytes(resident, trace),
+                             factory=MoEFactory(cfg, routing, seed), columns={
         "kind": "moe", "shape": f"T{tokens} D{d_model} F{d_ff} E{num_experts} k{top_k} {backend}",
         "skew": f"zipf {zipf_exponent:g}: max/mean {metrics['max_over_mean']:.2f}, {int(metrics['experts_used'])} experts hit",
     })
@@ -125,8 +126,8 @@ def gnn_workload(name: str, *, num_nodes: int, num_edges: int, width: int, rmat_
     resident = el * (num_nodes * width + width * width * (2 if kind == "sage" else 1) + num_edges) + 2 * num_edges * INDEX_BYTES
     resident += gnn_backend(backend).graph_bytes(num_nodes, num_edges, dtype)  # e.g. the CSR adjacency
     cvs = (min(stats["degree_cv"], stats["out_degree_cv"]), max(stats["degree_cv"], stats["out_degree_cv"]))
-    return PlacementWorkload(name, tuple(trace), footprint_bytes(resident, trace),
-                    GNNFactory(cfg, edge_index.numpy().copy(), cvs, seed), {
+    return PlacementWorkload(name, tuple(trace), memory_bytes=footprint_bytes(resident, trace),
+                             factory=GNNFactory(cfg, edge_index.numpy().copy(), cvs, seed), columns={
                         "kind": "gnn", "shape": f"N{num_nodes} E{num_edges} W{width} {kind} {backend}",
                         "skew": f"rmat a {rmat_a:g}: in-degree CV {stats['degree_cv']:.2f}",
                     })
@@ -137,7 +138,8 @@ def mlp_workload(name: str, *, batch: int, d_model: int, d_hidden: int, dtype: s
     cfg = MLPConfig(batch=batch, d_model=d_model, d_hidden=d_hidden, dtype=dtype)
     trace = mlp_trace(cfg)
     resident = DTYPE_BYTES[dtype] * (2 * d_model * d_hidden + batch * d_model)
-    return PlacementWorkload(name, tuple(trace), footprint_bytes(resident, trace), MLPFactory(cfg, seed), {
+    return PlacementWorkload(name, tuple(trace), memory_bytes=footprint_bytes(resident, trace),
+                             factory=MLPFactory(cfg, seed), columns={
         "kind": "mlp", "shape": f"B{batch} D{d_model} H{d_hidden}", "skew": "",
     })
 
@@ -165,8 +167,8 @@ def trace_workload(name: str, trace: Sequence[KernelSpec], factory: Any, *, resi
     """A workload from any trace (a captured module's descriptors) and a factory that runs it
     (``ImportedFactory`` or any picklable object with ``build(device)``)."""
     trace = tuple(trace)
-    return PlacementWorkload(name, trace, footprint_bytes(resident_bytes, trace) if trace else int(resident_bytes), factory,
-                    columns or {"kind": "trace", "shape": f"{len(trace)} kernels", "skew": ""})
+    return PlacementWorkload(name, trace, memory_bytes=footprint_bytes(resident_bytes, trace) if trace else int(resident_bytes),
+                             factory=factory, columns=columns or {"kind": "trace", "shape": f"{len(trace)} kernels", "skew": ""})
 
 
 def trace_suite(trace: Sequence[KernelSpec]) -> TaggedSpecs:

@@ -43,8 +43,8 @@ def _device(name: str, rate: float = 1e9, memory: int = GIB, cores=None, threads
 
 def _workload(name: str, gflop: float, memory: int = 0) -> PlacementWorkload:
     """A workload of one GEMM with ``gflop`` GFLOP (2MKN, M = gflop * 500, K = N = 1000)."""
-    return PlacementWorkload(name, (GemmSpec(int(round(gflop * 500)), 1000, 1000),), memory, mlp_workload("x", batch=1, d_model=4,
-                                                                                                    d_hidden=4).factory)
+    return PlacementWorkload(name, (GemmSpec(int(round(gflop * 500)), 1000, 1000),), memory_bytes=memory,
+                             factory=mlp_workload("x", batch=1, d_model=4, d_hidden=4).factory)
 
 
 def _from_table(times: dict[tuple[str, str], float]):
@@ -169,11 +169,11 @@ def test_bad_costs_and_bad_workloads_are_named():
     with pytest.raises(PlacementError, match=r"finite seconds >= 0.*'a', 'x', -1.0"):
         place([_workload("a", 1.0)], [_device("x")], lambda w, d: -1.0)
     with pytest.raises(PlacementError, match="trace must list at least one kernel"):
-        PlacementWorkload("a", (), 0, _workload("b", 1.0).factory)
+        PlacementWorkload("a", (), memory_bytes=0, factory=_workload("b", 1.0).factory)
     with pytest.raises(PlacementError, match="memory_bytes must be an integer >= 0"):
-        PlacementWorkload("a", (GemmSpec(1, 1, 1),), -1, _workload("b", 1.0).factory)
+        PlacementWorkload("a", (GemmSpec(1, 1, 1),), memory_bytes=-1, factory=_workload("b", 1.0).factory)
     with pytest.raises(PlacementError, match="factory must have a build"):
-        PlacementWorkload("a", (GemmSpec(1, 1, 1),), 0, object())
+        PlacementWorkload("a", (GemmSpec(1, 1, 1),), memory_bytes=0, factory=object())
     with pytest.raises(PlacementError, match="solver must be one of"):
         place([_workload("a", 1.0)], [_device("x")], "L0", solver="cplex")
 
@@ -232,8 +232,9 @@ def test_overlapping_devices_run_one_after_the_other_and_worker_errors_surface()
     p = place(workloads, devices, "L0")
     run = run_placements([p], workloads, devices, repeats=1, progress=False)[p.key()]
     assert not run.concurrent and run.walls_s.shape == (1, 2)
-    bad = PlacementWorkload("bad", workloads[0].trace, 0, GNNFactory(GNNConfig(num_nodes=4, in_features=2, out_features=2),
-                                                             np.array([[0, 9], [1, 2]]), (0.0, 1.0), 0))
+    bad = PlacementWorkload("bad", workloads[0].trace, memory_bytes=0,
+                            factory=GNNFactory(GNNConfig(num_nodes=4, in_features=2, out_features=2),
+                                               np.array([[0, 9], [1, 2]]), (0.0, 1.0), 0))
     pb = place([bad], devices[1:], "L0")
     with pytest.raises(RuntimeError, match=r"device worker 'one' failed:(.|\n)*edge_index values must be in"):
         run_placements([pb], [bad], devices[1:], repeats=1, progress=False)
@@ -316,7 +317,7 @@ def test_bools_are_no_sizes_counts_or_limits():
     with pytest.raises(PlacementError, match="device 'x': memory_bytes must be a positive integer, got True"):
         Device("x", _model(), True)
     with pytest.raises(PlacementError, match="workload 'a': memory_bytes must be an integer >= 0, got True"):
-        PlacementWorkload("a", (GemmSpec(1, 1, 1),), True, _workload("b", 1.0).factory)
+        PlacementWorkload("a", (GemmSpec(1, 1, 1),), memory_bytes=True, factory=_workload("b", 1.0).factory)
     with pytest.raises(PlacementError, match="cores must be a list of distinct integer core ids"):
         Device("x", _model(), GIB, (True,))
     with pytest.raises(PlacementError, match="cores must be distinct"):

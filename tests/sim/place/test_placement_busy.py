@@ -1,5 +1,5 @@
 """`place` of the benchmark's 10 tiny workloads on 2 devices (fast, no hog), the cost matrix
-predicted once per distinct model, the deprecated ``Workload`` alias, and
+predicted once per distinct model, a ``PlacementWorkload`` as a ``Workload``, and
 ``scripts/bench_placement_busy.py``'s bad input and its hog (always stopped)."""
 
 from __future__ import annotations
@@ -15,10 +15,13 @@ import pandas as pd
 import pytest
 import torch
 
+from costmodel.families.gemm import GemmSpec
 from costmodel.measure.device import fingerprint
 from costmodel.model.predictor import CostModel
-from sim.place.placement import Device, PlacementWorkload, cost_matrix, place
+from sim.place.placement import Device, PlacementError, PlacementWorkload, cost_matrix, place
+from sim.place.placement_workloads import mlp_workload
 from sim.predict.simulator import predict_trace
+from sim.workloads.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[3]
 GIB = 2**30
@@ -86,15 +89,20 @@ def test_the_cost_matrix_predicts_once_per_distinct_model(workloads):
         assert cost[i, 2] == pytest.approx(float(predict_trace(other, w.trace, ["L3"], quiet=True)["L3"].sum()), rel=1e-12)
 
 
-def test_workload_is_a_deprecated_alias_of_placement_workload():
-    import sim.place.placement
-
-    with pytest.warns(DeprecationWarning, match=r"^sim.place.placement.Workload is deprecated: use "
-                                                r"sim.place.placement.PlacementWorkload"):
-        alias = sim.place.placement.Workload
-    assert alias is PlacementWorkload
-    with pytest.raises(AttributeError, match="has no attribute 'Workloads'"):
-        sim.place.placement.Workloads  # noqa: B018
+def test_a_placement_workload_is_a_workload():
+    """One ``Workload`` (sim.workloads.workload): the experiments measure it, a placement places
+    its subclass; FLOPs and bytes moved are the trace's either way."""
+    factory = mlp_workload("x", batch=1, d_model=4, d_hidden=4).factory
+    trace = [GemmSpec(8, 16, 32), GemmSpec(8, 32, 16)]
+    placed = PlacementWorkload("p", trace, memory_bytes=0, factory=factory)
+    plain = Workload("w", trace, lambda: None)
+    assert isinstance(placed, Workload) and placed.trace == tuple(trace) and placed.run is None
+    assert placed.flops == plain.flops == float(sum(s.flops() for s in trace)) > 0
+    assert placed.bytes_moved == plain.bytes_moved == float(sum(s.bytes_moved() for s in trace)) > 0
+    with pytest.raises(PlacementError, match=r"workload 'p': run must be None"):
+        PlacementWorkload("p", trace, lambda: None, memory_bytes=0, factory=factory)
+    with pytest.raises(TypeError, match="memory_bytes"):
+        PlacementWorkload("p", trace, 0, factory)  # the placement's own fields are keyword-only
 
 
 # ----------------------------------------------------------------------------- the benchmark script

@@ -11,11 +11,12 @@ from costmodel.families.gemm import GemmSpec
 from costmodel.families.softmax import SoftmaxSpec
 from costmodel.families.sort import SortSpec
 from costmodel.families.topk import TopkSpec
-from experiments.workloads import Workload, evaluate_workloads
+from experiments.workloads import evaluate_workloads
 from sim.predict.calibration import calibrated_model
 from sim.predict.heldout import (
     MIN_HELDOUT_ROWS, NEIGHBOURS_PER_FAMILY, HeldOutError, fit_heldout, heldout_table, neighbour_specs, neighbour_suite, trace_keys,
 )
+from sim.workloads.workload import Workload
 
 TIMING = TINY_TIMING
 SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]

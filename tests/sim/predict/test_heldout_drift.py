@@ -11,11 +11,12 @@ import pytest
 
 from costmodel.families.gemm import GemmSpec
 from costmodel.families.sort import SortSpec
-from experiments.workloads import Workload, evaluate_workloads
+from experiments.workloads import evaluate_workloads
 from sim.predict import heldout_drift
 from sim.predict.calibration import calibrated_model
 from sim.predict.heldout import fit_heldout
 from sim.predict.heldout_drift import MIN_DISTANCE_LOG2, FamilyDrift, HeldOutReference, choose_references, family_drift
+from sim.workloads.workload import Workload
 
 
 def _table(specs, seconds):

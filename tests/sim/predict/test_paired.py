@@ -17,9 +17,10 @@ from costmodel.families.sort import SortSpec
 from costmodel.measure.bench import SizeLimits, measure_specs
 from costmodel.measure.timing import Measurement, TimingConfig
 from experiments.common import calibration_options, paired_enabled
-from experiments.workloads import Pairing, Workload, evaluate_workloads
+from experiments.workloads import Pairing, evaluate_workloads
 from sim.predict.calibration import calibrated_model
 from sim.predict.paired import TAG, KernelJob, distinct_kernels, kernel_jobs, layer_kernel_jobs, paired_order, record_paired
+from sim.workloads.workload import Workload
 
 TIMING = tiny_timing(rounds=2)
 SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
