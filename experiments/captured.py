@@ -5,7 +5,7 @@ A ``CapturedWorkload`` is a zero-argument call (an inference forward or a traini
 with the trace captured from one run of it. ``evaluate_captured`` predicts every trace
 with every level (``sim.api.predict_captured``: unmapped ops by the roofline fallback),
 times every call in interleaved rounds (``experiments.common.measure_interleaved``), and
-profiles each call once per op (``sim.simulator.profile_aten_ops``) to get the share of the
+profiles each call once per op (``sim.predict.simulator.profile_aten_ops``) to get the share of the
 measured time on ops of modelled families (``coverage_measured_pct``).
 """
 
@@ -23,8 +23,8 @@ from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, measure_interleaved
 from experiments.workloads import Pairing, heldout_scored, scored_tables
 from sim.api import predict_captured
-from sim.capture import CapturedTrace
-from sim.simulator import measured_coverage, profile_aten_ops
+from sim.capture.dispatch import CapturedTrace
+from sim.predict.simulator import measured_coverage, profile_aten_ops
 
 
 @dataclass
@@ -50,10 +50,10 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
 
     With ``pairing`` (``calibration.paired``) the traces' distinct mapped kernels are timed
     in the same rounds as the calls and the models refitted before predicting, as in
-    ``experiments.workloads.evaluate_workloads``. With ``heldout`` (``sim.heldout``) the
+    ``experiments.workloads.evaluate_workloads``. With ``heldout`` (``sim.predict.heldout``) the
     headline predictions are held out, the lookup and the replay beside them
     (``experiments.workloads.scored_tables``)."""
-    from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415
+    from sim.predict.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415
 
     traces = [w.captured.kernels() for w in workloads]
     jobs = kernel_jobs(traces, device, cold=timing.cold_cache) if pairing else []

@@ -23,7 +23,7 @@ errors each level would have had with its predictions multiplied by that factor 
 is left when the machine's change since calibration is taken out; the headline errors
 are never adjusted).
 
-Three scorings (``sim.heldout``; docs/method.md): the top-level errors are the
+Three scorings (``sim.predict.heldout``; docs/method.md): the top-level errors are the
 ``details.scoring`` one, **held-out** in every measuring experiment (models refitted
 without any kernel of the run's traces, no lookup, ceilings as before the run;
 ``details.heldout`` says on how many kernels and how long the fit took). Beside it, each
@@ -165,7 +165,7 @@ def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
 def paired_enabled(cfg: Mapping[str, Any]) -> bool:
     """``calibration.paired`` (default true, checked by ``check_common``): time the
     experiment's own kernels in the same rounds as its layers and refit before predicting
-    (``sim.paired``)."""
+    (``sim.predict.paired``)."""
     return bool((cfg.get("calibration") or {}).get("paired", True))
 
 
@@ -243,7 +243,7 @@ def measure_interleaved(
     medians (run-to-run noise), whether any round was flagged noisy, and ``rounds`` (the
     Measurement of each round). ``evict`` says per job whether each timed call starts from
     evicted caches (default: ``timing.cold_cache``). A job with a ``build()`` method (a
-    ``sim.paired.KernelJob``) is built just before each of its timings and dropped after.
+    ``sim.predict.paired.KernelJob``) is built just before each of its timings and dropped after.
     ``order`` (a permutation of the job indices; default as given) is the order of the odd
     rounds; even rounds run it backwards, so a job timed just before another in one round
     is timed just after it in the next, and a steady drift cancels out of their ratio.

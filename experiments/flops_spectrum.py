@@ -30,15 +30,16 @@ from costmodel.families.scatter import ScatterSpec  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
-from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
-from sim.paired import distinct_kernels  # noqa: E402
-from sim.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, drift_references, small_op_suite  # noqa: E402
-from sim.graphs import degree_stats, rmat  # noqa: E402
-from sim.gnn_layer import GNNConfig  # noqa: E402
-from sim.memory import check_fits_device, combine, gnn_need, mlp_need, moe_need  # noqa: E402
-from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
-from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, moe_trace  # noqa: E402
-from sim.routing import ZipfRouting, route  # noqa: E402
+from experiments.workloads import evaluate_workloads, heldout_for  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, drift_references, small_op_suite  # noqa: E402
+from sim.workloads.graphs import degree_stats, rmat  # noqa: E402
+from sim.workloads.gnn_layer import GNNConfig  # noqa: E402
+from sim.workloads.memory import check_fits_device, combine, gnn_need, mlp_need, moe_need  # noqa: E402
+from sim.workloads.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig, MoELayer, moe_trace  # noqa: E402
+from sim.workloads.routing import ZipfRouting, route  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 CLASSES = ("dense MLP", "small-batch MLP", "MoE spread", "MoE concentrated", "GNN agg uniform", "GNN agg skewed")
 

@@ -24,10 +24,11 @@ from costmodel.measure.runners import make_runner  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.measure.suite import equal_flops_trio, trio_flops  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
-from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
+from experiments.workloads import evaluate_workloads, heldout_for  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
-from sim.paired import distinct_kernels  # noqa: E402
-from sim.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
 
 _FRACTION = Interval(float, 0, 1, closed="right")

@@ -31,14 +31,15 @@ from experiments.common import (  # noqa: E402
     skew_axis_label, summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, kernel_point_table, measure_sweep, predict_only, print_sweep_report,
+    kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
-from sim.paired import distinct_kernels  # noqa: E402
-from sim.backends import gnn_backend  # noqa: E402
-from sim.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
-from sim.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
-from sim.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
-from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.workloads.backends import gnn_backend  # noqa: E402
+from sim.predict.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
+from sim.workloads.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
+from sim.workloads.graphs import check_edge_index, check_graph_options, degree_stats  # noqa: E402
+from sim.workloads.memory import check_fits_device, combine, gnn_need  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 
 #: this experiment can predict without measuring (``measure=false``)

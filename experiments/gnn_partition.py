@@ -10,7 +10,7 @@ is timed phase by phase: per repeat the slowest rank's step, per rank each phase
 
 Scoring (docs/method.md, docs/gnn_partition.md): the headline is **held out**: the ranks'
 kernels predicted by models refitted without any kernel of this run's traces
-(``sim.heldout.fit_heldout``); the halo all-to-all by the collective model of
+(``sim.predict.heldout.fit_heldout``); the halo all-to-all by the collective model of
 ``costmodel.collectives`` (its own profile: a grid of message sizes, not this run's
 messages; measured once per host and world size when missing). ``details.profile_lookup``
 is the profile as loaded. No replay (``calibration.paired`` applies to single-device layers).
@@ -54,14 +54,14 @@ from experiments.distributed_common import (  # noqa: E402
 from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
-from sim.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
+from sim.predict.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
 from sim.distributed.gnn_partition_predict import PredictedStep, predict_partition_step, rank_traces  # noqa: E402
 from sim.distributed.graph_partition import (  # noqa: E402
     METIS_INSTALL, PARTITIONERS, PartitionPlan, check_partitioner, plan_graph_partition,
 )
-from sim.gnn_layer import GNNConfig  # noqa: E402
-from sim.graphs import degree_stats  # noqa: E402
-from sim.memory import check_fits_device, combine, gnn_need  # noqa: E402
+from sim.workloads.gnn_layer import GNNConfig  # noqa: E402
+from sim.workloads.graphs import degree_stats  # noqa: E402
+from sim.workloads.memory import check_fits_device, combine, gnn_need  # noqa: E402
 
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
 MEASURES = "optional"

@@ -3,9 +3,9 @@
 Mixtral's and Qwen2-MoE's sparse MoE blocks are built from their config classes with
 random weights (nothing downloaded), for each expert implementation transformers offers
 here (``eager`` loop, ``grouped_mm``, ``batched_mm``). The router still runs (its kernels
-are paid) but the experts it returns are replaced by a routing drawn by ``sim.routing``
+are paid) but the experts it returns are replaced by a routing drawn by ``sim.workloads.routing``
 (the ``pinned`` gate), so the concentration sweep is the one of ``moe_skew``. Every call is
-captured once (``sim.capture``), its kernels calibrated on first use (the suite is the
+captured once (``sim.capture.dispatch``), its kernels calibrated on first use (the suite is the
 captured kernels), predicted with L0-L3 and timed. At one point each block also runs a
 training step (forward + loss + backward), and a whole tiny Mixtral causal LM (a few
 decoder layers) runs a forward and a training step.
@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from costmodel.families.grouped_gemm import grouped_mm_unavailable_reason  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
-from sim.paired import distinct_kernels  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, measure_captured, missing_extra_error, training_details,
 )
@@ -37,9 +37,9 @@ from experiments.common import (  # noqa: E402
     print_table, summary, write_outputs,
 )
 from sim.api import capture_module  # noqa: E402
-from sim.calibration import calibrated_model, captured_suite  # noqa: E402
-from sim.capture import capture_trace  # noqa: E402
-from sim.routing import Routing, route  # noqa: E402
+from sim.predict.calibration import calibrated_model, captured_suite  # noqa: E402
+from sim.capture.dispatch import capture_trace  # noqa: E402
+from sim.workloads.routing import Routing, route  # noqa: E402
 
 MODELS = ("mixtral", "qwen2_moe")
 IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
@@ -55,7 +55,7 @@ def _transformers() -> Any:
 
 class PinnedGate(torch.nn.Module):
     """Runs the block's own router (its kernels are paid) and returns the pinned experts and
-    gates of a ``sim.routing`` draw instead of the router's choice."""
+    gates of a ``sim.workloads.routing`` draw instead of the router's choice."""
 
     def __init__(self, gate: torch.nn.Module) -> None:
         super().__init__()

@@ -19,12 +19,13 @@ import torch  # noqa: E402
 
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
-from experiments.workloads import Workload, evaluate_workloads, heldout_for  # noqa: E402
-from sim.paired import distinct_kernels  # noqa: E402
-from sim.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
+from experiments.workloads import evaluate_workloads, heldout_for  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
 from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
-from sim.memory import check_fits_device, mlp_need  # noqa: E402
-from sim.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
+from sim.workloads.memory import check_fits_device, mlp_need  # noqa: E402
+from sim.workloads.mlp_layer import MLP, MLPConfig, mlp_trace  # noqa: E402
 
 
 #: mlp_batch's fields (beside the shared ones, ``experiments.common.COMMON_CONSTRAINTS``)

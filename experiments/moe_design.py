@@ -4,7 +4,7 @@ Predicts, without running anything, every configuration of a grid (tokens x d_mo
 experts x top_k x routing generator and concentration x backend, ``design.*``): one routing
 drawn per (tokens, experts, top_k, routing), one ``DispatchPlan`` and trace per layer, and
 every distinct kernel of all traces predicted once as one kernel table
-(``sim.simulator.predict_traces``). With ``measure=false`` the cost model is the device's
+(``sim.predict.simulator.predict_traces``). With ``measure=false`` the cost model is the device's
 fitted model as it is: the grid's shapes are not calibrated (L3 extrapolates;
 ``details.profile_coverage`` says how much of the grid lies inside what the profile
 measured). With ``measure=true`` the ``design.anchor`` layer's kernels are calibrated where
@@ -72,11 +72,11 @@ from experiments.common import (  # noqa: E402
     print_table, summary, write_outputs,
 )
 from experiments.workloads import heldout_for, scored_tables  # noqa: E402
-from sim.paired import distinct_kernels  # noqa: E402
-from sim.calibration import calibrated_model, fitted_model, grid_sample_suite, moe_suite  # noqa: E402
-from sim.moe_layer import EXPERT_KINDS, MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
-from sim.routing import route  # noqa: E402
-from sim.simulator import TraceBatch, predict_traces  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.calibration import calibrated_model, fitted_model, grid_sample_suite, moe_suite  # noqa: E402
+from sim.workloads.moe_layer import EXPERT_KINDS, MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
+from sim.workloads.routing import route  # noqa: E402
+from sim.predict.simulator import TraceBatch, predict_traces  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -611,7 +611,7 @@ def _calibrate_on_grid(rt: Runtime, model: CostModel, batch: TraceBatch, spec: M
                        cfg: Mapping[str, Any], anchor_cfgs: Sequence[MoEConfig],
                        progress: bool) -> tuple[CostModel, int]:
     """measure=true: time ``design.calibrate_kernels`` of the grid's own distinct kernels,
-    spread over each family's predicted range (``sim.calibration.grid_sample_suite``), add
+    spread over each family's predicted range (``sim.predict.calibration.grid_sample_suite``), add
     them to the profile and refit, so the sweep interpolates between measured kernels."""
     specs = batch.specs
     predicted = model.predict_table(batch.table, ["L3"])["L3"].to_numpy()

@@ -10,7 +10,7 @@ with its phase marks: per repeat the slowest rank's step (``step_timing.time_ste
 rank the median of each phase.
 
 Scoring (docs/method.md): the headline is **held out**: the local kernels predicted by models
-refitted without any kernel of this run's traces (``sim.heldout.fit_heldout``); the
+refitted without any kernel of this run's traces (``sim.predict.heldout.fit_heldout``); the
 all-to-alls by the collective model of ``costmodel.collectives`` (its own profile, a grid of
 message sizes; the run's messages are not in it) or, while no collective profile exists, by a
 latency-bandwidth fit to a grid of uniform all-to-alls timed in the same launch
@@ -63,7 +63,7 @@ from experiments.distributed_common import (  # noqa: E402
 from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
-from sim.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
+from sim.predict.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
 from sim.distributed.ep_collectives import (  # noqa: E402
     collective_model_for, fit_grid, load_fallback, save_fallback, whatif_from,
 )
@@ -72,10 +72,10 @@ from sim.distributed.ep_predict import (  # noqa: E402
     PHASES, EPStepPrediction, cost_model_kernel_times, ep_traces, predict_ep_step, rank_replay_kernel_times,
 )
 from sim.distributed.expert_placement import PLACEMENTS, ExpertPlacement  # noqa: E402
-from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
-from sim.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
-from sim.routing import route  # noqa: E402
-from sim.simulator import cold_call_extra_s  # noqa: E402
+from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E402
+from sim.workloads.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
+from sim.workloads.routing import route  # noqa: E402
+from sim.predict.simulator import cold_call_extra_s  # noqa: E402
 
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
 MEASURES = "optional"

@@ -32,13 +32,14 @@ from experiments.common import (  # noqa: E402
     summary, write_outputs,
 )
 from experiments.workloads import (  # noqa: E402
-    Workload, kernel_point_table, measure_sweep, predict_only, print_sweep_report,
+    kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
-from sim.paired import distinct_kernels  # noqa: E402
-from sim.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
-from sim.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
-from sim.memory import check_fits_device, combine, moe_need  # noqa: E402
-from sim.routing import route  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
+from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E402
+from sim.workloads.routing import route  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 
 #: this experiment can predict without measuring (``measure=false``)

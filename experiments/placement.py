@@ -4,7 +4,7 @@ and measured latencies, then run every placement for real and compare the makesp
 1. The mix (``placement_mix``: MoE layers at several routing concentrations and batch
    sizes, GNN layers on graphs of different skew, skinny and balanced dense MLPs) is
    built once; each workload's trace, memory and factory come from
-   ``sim.placement_workloads`` (an entry's ``_target_`` must be one of its builders,
+   ``sim.place.placement_workloads`` (an entry's ``_target_`` must be one of its builders,
    ``MIX_BUILDERS``). ``validate`` checks every key before anything is measured:
    ``placement.levels`` (a single level may be given as a string), ``repeats``, the
    solver settings, each device's name, threads, distinct cores and memory_bytes
@@ -13,7 +13,7 @@ and measured latencies, then run every placement for real and compare the makesp
    count, pinned to cores) is calibrated on first use for its fingerprint (threads are part
    of it) and every workload is measured on it, pinned, in interleaved rounds, from cold
    caches (``evaluate_workloads``): per workload and device, L0-L3 predicted and measured.
-3. ``sim.placement.place`` by each level in ``placement.levels`` and by the oracle (the
+3. ``sim.place.placement.place`` by each level in ``placement.levels`` and by the oracle (the
    measured latencies): predicted makespan, realised makespan (the placement's makespan
    under the measured latencies) and regret against the oracle's realised makespan.
    Where the devices run together (pairwise disjoint cores), each 1-thread device's level
@@ -21,7 +21,7 @@ and measured latencies, then run every placement for real and compare the makesp
    (``costmodel.colocation``: measured alone and beside a twin on another core;
    ``placement.colocation``: ``profile``, the default, uses them where measured, ``off``
    ignores them); the oracle's measured latencies were taken alone and stay as they are.
-4. ``sim.executor.run_placements`` runs each distinct placement for real (one pinned worker
+4. ``sim.place.executor.run_placements`` runs each distinct placement for real (one pinned worker
    process per device, started together; devices whose cores overlap run alone, one after
    the other): the measured makespan and its regret against the oracle's.
 
@@ -51,19 +51,20 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     calibration_options, check_common, config_dict, console, output_dir, print_summary, print_table, summary,
 )
-from experiments.workloads import Workload as Measurable, evaluate_workloads  # noqa: E402
-from sim.calibration import calibrated_model, drift_references  # noqa: E402
-from sim.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
-from sim.placement import SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place  # noqa: E402
-from sim.placement_workloads import calibration_suite  # noqa: E402
+from experiments.workloads import evaluate_workloads  # noqa: E402
+from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
+from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
+from sim.place.placement import SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place  # noqa: E402
+from sim.place.placement_workloads import calibration_suite  # noqa: E402
+from sim.workloads.workload import Workload  # noqa: E402
 
 ORACLE = "oracle"
 #: ``placement.colocation``: profile (the devices' profiles' co-location factors where measured) | off
 COLOCATION_MODES = ("profile", "off")
 
 
-#: builders ``placement_mix`` may name as ``_target_`` (each returns a ``sim.placement.PlacementWorkload``)
-MIX_BUILDERS = tuple(f"sim.placement_workloads.{b}" for b in ("moe_workload", "gnn_workload", "mlp_workload"))
+#: builders ``placement_mix`` may name as ``_target_`` (each returns a ``sim.place.placement.PlacementWorkload``)
+MIX_BUILDERS = tuple(f"sim.place.placement_workloads.{b}" for b in ("moe_workload", "gnn_workload", "mlp_workload"))
 
 
 def build_workloads(cfg: Mapping[str, Any]) -> list[PlacementWorkload]:
@@ -290,7 +291,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     suite = calibration_suite(workloads)
 
     # --- calibrate and measure every device, pinned, with its own thread count
-    runnable = [Measurable(w.name, w.trace, w.factory.build(rt0.device), {"workload": w.name, **w.columns})
+    runnable = [Workload(w.name, w.trace, w.factory.build(rt0.device), {"workload": w.name, **w.columns})
                 for w in workloads]
     models: dict[str, CostModel] = {}
     devices: list[Device] = []

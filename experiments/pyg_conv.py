@@ -2,8 +2,8 @@
 
 PyG's ``GCNConv`` and ``SAGEConv`` (as a user runs them: GCN adds self loops and computes
 its normalisation every call) and a 3-layer ``GraphSAGE`` model (forward and a training
-step) on the project's graph generators (``sim.graphs``) across the degree-skew sweep of
-``gnn_degree``. Every call is captured once (``sim.capture``), its kernels calibrated on
+step) on the project's graph generators (``sim.workloads.graphs``) across the degree-skew sweep of
+``gnn_degree``. Every call is captured once (``sim.capture.dispatch``), its kernels calibrated on
 first use (the suite is the captured kernels), predicted with L0-L3 and timed.
 
 Outputs: results.csv, summary.json (``details.coverage_pct``: median share of the measured
@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import torch  # noqa: E402
 
 from costmodel.measure.runtime import Runtime  # noqa: E402
-from sim.paired import distinct_kernels  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, measure_captured, missing_extra_error, training_details,
 )
@@ -31,9 +31,9 @@ from experiments.common import (  # noqa: E402
     print_table, summary, write_outputs,
 )
 from sim.api import capture_module  # noqa: E402
-from sim.calibration import calibrated_model, captured_suite  # noqa: E402
-from sim.capture import capture_trace  # noqa: E402
-from sim.graphs import check_edge_index, degree_stats  # noqa: E402
+from sim.predict.calibration import calibrated_model, captured_suite  # noqa: E402
+from sim.capture.dispatch import capture_trace  # noqa: E402
+from sim.workloads.graphs import check_edge_index, degree_stats  # noqa: E402
 
 CONVS = ("gcn", "sage")
 

@@ -1,16 +1,17 @@
-"""A workload is something runnable with a trace: predict it, measure it, compare.
+"""Predict workloads, measure them, compare.
 
-Every experiment builds a list of ``Workload`` (a layer or a bare kernel, its kernel trace,
-a zero-argument callable that runs it, and descriptive columns), then
+Every experiment builds a list of ``sim.workloads.workload.Workload`` (a layer or a bare
+kernel: its name, its kernel trace, a zero-argument callable that runs it (None when the
+experiment only predicts, measure=false) and descriptive columns), then
 ``evaluate_workloads`` predicts each trace with every cost-model level, measures every
-callable in interleaved rounds and returns one tidy row per workload with the APE of
-every level.
+callable in interleaved rounds and returns one tidy row per workload (its name in the
+``label`` column) with the APE of every level.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -21,30 +22,15 @@ from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.timing import TimingConfig
 from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
-from sim.calibration import DriftReference, drift_summary
-from sim.simulator import cold_call_extra_s, per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
-
-
-@dataclass
-class Workload:
-    label: str  # short name for tables and plots
-    trace: Sequence[KernelSpec]  # what it executes
-    run: Callable[[], Any] | None  # runs it once (None: predicted only, measure=false)
-    columns: dict[str, Any] = field(default_factory=dict)  # experiment-specific descriptors
-
-    @property
-    def flops(self) -> float:
-        return float(sum(s.flops() for s in self.trace))
-
-    @property
-    def bytes_moved(self) -> float:
-        return float(sum(s.bytes_moved() for s in self.trace))
+from sim.predict.calibration import DriftReference, drift_summary
+from sim.predict.simulator import cold_call_extra_s, per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
+from sim.workloads.workload import Workload
 
 
 def predict_workloads(model: CostModel, workloads: Sequence[Workload],
                       l3_factor: Callable[[str], float] | None = None) -> pd.DataFrame:
     """Every level's prediction of every workload; ``l3_factor`` (family -> factor, the
-    held-out drift of ``sim.heldout_drift``) multiplies each kernel's L3 time, not its
+    held-out drift of ``sim.predict.heldout_drift``) multiplies each kernel's L3 time, not its
     cold-call overhead."""
     rows = []
     for w in workloads:
@@ -53,7 +39,7 @@ def predict_workloads(model: CostModel, workloads: Sequence[Workload],
             extra = cold_call_extra_s(model, "L3")
             factor = pred["family"].map(l3_factor).to_numpy(dtype=np.float64)
             pred["L3"] = (pred["L3"] - extra) * factor + extra
-        rows.append({"label": w.label, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
+        rows.append({"label": w.name, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
                      "kernels": len(w.trace), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS}})
     return pd.DataFrame(rows)
 
@@ -61,7 +47,7 @@ def predict_workloads(model: CostModel, workloads: Sequence[Workload],
 @dataclass
 class Pairing:
     """``calibration.paired``: time the workloads' distinct kernels in the same rounds as the
-    workloads, write them into ``profile`` and refit before predicting (``sim.paired``).
+    workloads, write them into ``profile`` and refit before predicting (``sim.predict.paired``).
     After ``evaluate_workloads``, ``model`` is the refitted model (use it for what follows)
     and ``result`` what was written."""
 
@@ -69,7 +55,7 @@ class Pairing:
     suite: str
     cv_folds: int = 4
     model: CostModel | None = None
-    result: Any = None  # sim.paired.PairedResult
+    result: Any = None  # sim.predict.paired.PairedResult
 
     def finish(self, model: CostModel, jobs: Sequence[Any], kernels_timed: Sequence[dict[str, Any]],
                repredict: Callable[[CostModel], pd.DataFrame], measured: pd.DataFrame, wall_s: float,
@@ -80,7 +66,7 @@ class Pairing:
         (``repredict``) beside ``measured``, with ``attrs["paired"]`` saying what was written.
         The refitted model looks the timed kernels up: replay is the composition check
         (what a layer pays beyond the kernels it is made of), not a prediction."""
-        from sim.paired import record_cold_chain, record_paired, refit  # noqa: PLC0415 (sim.paired imports the bench)
+        from sim.predict.paired import record_cold_chain, record_paired, refit  # noqa: PLC0415 (sim.predict.paired imports the bench)
 
         self.result = record_paired(self.profile, jobs, [t["rounds"] for t in kernels_timed], suite=self.suite)
         cold_call = (record_cold_chain(self.profile, chain_timed[0]["rounds"], chain_timed[1]["rounds"],
@@ -112,11 +98,11 @@ def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig
 
 
 def heldout_for(rt: Any, model: CostModel, traces: Sequence[Sequence[KernelSpec]], *, what: str) -> Any:
-    """The run's held-out models (``sim.heldout.fit_heldout``: refitted once, before the
+    """The run's held-out models (``sim.predict.heldout.fit_heldout``: refitted once, before the
     measuring rounds, on the profile without any kernel of ``traces``), announced."""
-    from sim.heldout import fit_heldout  # noqa: PLC0415
+    from sim.predict.heldout import fit_heldout  # noqa: PLC0415
 
-    from sim.heldout_drift import build_references  # noqa: PLC0415
+    from sim.predict.heldout_drift import build_references  # noqa: PLC0415
 
     heldout = fit_heldout(rt.open_profile(), model, traces, what=what)
     console.print(heldout.describe())
@@ -141,20 +127,20 @@ def evaluate_workloads(
     ran against the profile is ``df.attrs["profile_drift"]`` ({} without references).
 
     With ``pairing`` every distinct kernel of the workloads' traces is timed in those rounds
-    instead (``sim.paired``): the profile's rows of them are replaced, the models refitted
+    instead (``sim.predict.paired``): the profile's rows of them are replaced, the models refitted
     and the workloads predicted from the refitted models; the predictions of the model as
     loaded and how far the machine had drifted from the profile are in
     ``df.attrs["paired"]``. On a CPU with cold layers the ceilings' cold-call chain is timed
     in those rounds too, cold and warm (``cold_chain_jobs``), and the overhead it gives
     replaces the profile's before the refit (``attrs["paired"]["cold_call_overhead_s"]``).
 
-    With ``heldout`` (``sim.heldout.HeldOut``, fitted before the run without any kernel of
+    With ``heldout`` (``sim.predict.heldout.HeldOut``, fitted before the run without any kernel of
     these traces) the returned table's predictions and errors are held out: the headline.
     The profile as loaded (lookup) and the paired refit (replay) are kept beside it, as
     ``pred_lookup_L3_s`` / ``pred_replay_L3_s`` columns and their error summaries in
     ``attrs["profile_lookup"]`` / ``attrs["replay"]`` (``scored_tables``).
     """
-    from sim.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415 (sim.paired imports the bench)
+    from sim.predict.paired import kernel_jobs, layer_kernel_jobs, paired_order  # noqa: PLC0415 (sim.predict.paired imports the bench)
 
     predicted = predict_workloads(model, workloads)
     refs = [] if pairing is not None else list(references)
@@ -203,12 +189,12 @@ def evaluate_workloads(
 def heldout_scored(heldout: Any, predict: Callable[[CostModel, Callable[[str], float] | None], pd.DataFrame],
                    measured: pd.DataFrame, reference_timings: Sequence[dict[str, Any]]
                    ) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """The held-out headline table and its drift-scaled side score (``sim.heldout_drift``),
+    """The held-out headline table and its drift-scaled side score (``sim.predict.heldout_drift``),
     from ``predict(model, l3_factor)`` and the held-out references' timings ((None, None)
     without a held-out fit); sets ``heldout.drift``."""
     if heldout is None:
         return None, None
-    from sim.heldout_drift import family_drift  # noqa: PLC0415
+    from sim.predict.heldout_drift import family_drift  # noqa: PLC0415
 
     held = add_errors(pd.concat([predict(heldout.model, None), measured], axis=1))
     heldout.drift = family_drift(heldout.references, [t["measured_s"] for t in reference_timings])
@@ -241,7 +227,7 @@ def scored_tables(lookup: pd.DataFrame, replay: pd.DataFrame | None, heldout_tab
     ``pred_<prefix>_L3_s`` and ``ape_<prefix>_L3_pct`` columns and its error summary
     (``ape_summary``) under ``attrs[<name>]``; ``attrs["heldout"]`` describes the held-out
     fit (``{"scored": false}`` without one); ``heldout_drift`` (the held-out predictions
-    scaled by the drift of ``sim.heldout_drift``'s reference kernels) adds
+    scaled by the drift of ``sim.predict.heldout_drift``'s reference kernels) adds
     ``pred_heldout_drift_L3_s`` / ``ape_heldout_drift_L3_pct`` and
     ``attrs["heldout_drift_scaled"]``."""
     headline = heldout_table if heldout_table is not None else replay if replay is not None else lookup
@@ -269,7 +255,7 @@ def per_kernel_table(model: CostModel, workloads: Sequence[Workload], *, device:
     for w in workloads:
         measured = profile_kernels(w.run, w.trace, device=device, iterations=iterations, cold=cold)
         errors = per_kernel_errors(predict_trace(model, w.trace, quiet=True), measured)
-        errors.insert(0, "workload", w.label)
+        errors.insert(0, "workload", w.name)
         tables.append(errors)
     return pd.concat(tables, ignore_index=True)
 

@@ -5,7 +5,7 @@ Zipf exponents and every backend, in interleaved repetitions (so the machine's s
 phases move every column together):
 
 - ``layer_ms``: the real layer, one call at a time after evicting the caches, as the
-  experiments time it (``sim.simulator.measure_callable``, median of >= 15 calls);
+  experiments time it (``sim.predict.simulator.measure_callable``, median of >= 15 calls);
 - ``runners_ms``: the sum of its kernels, each timed alone by the profile's own runner
   (cold operands rotated through the arena, ``costmodel.measure.runners``);
 - ``l3_ms``: what the cost model predicts (the profile's rows for measured kernels, plus
@@ -41,9 +41,9 @@ from costmodel.measure.ceilings import measure_cold_call_overhead
 from costmodel.measure.runners import make_runner
 from costmodel.measure.timing import TimingConfig, measure
 from sim.api import load_cost_model
-from sim.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
-from sim.routing import ZipfRouting, route
-from sim.simulator import measure_callable, predict_trace
+from sim.workloads.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
+from sim.workloads.routing import ZipfRouting, route
+from sim.predict.simulator import measure_callable, predict_trace
 
 SMALL_BYTES = 1 << 20  # a kernel moving less than this is "small": its cold call is code, not data
 

@@ -10,7 +10,7 @@ import json
 import statistics
 import time
 
-from sim.graphs import barabasi_albert, chung_lu, degree_stats, erdos_renyi, rmat, sbm
+from sim.workloads.graphs import barabasi_albert, chung_lu, degree_stats, erdos_renyi, rmat, sbm
 
 GENERATORS = {
     "rmat (Graph500)": lambda n, e, s: rmat(n, e, seed=s),

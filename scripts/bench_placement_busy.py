@@ -1,4 +1,4 @@
-"""Benchmark: `sim.placement.place` of 10 workloads on 2 devices, quiet and beside a CPU hog.
+"""Benchmark: `sim.place.placement.place` of 10 workloads on 2 devices, quiet and beside a CPU hog.
 
     python scripts/bench_placement_busy.py [--profile PROFILE_DIR] [--repeats 5] [--hog-processes 2]
                                            [--hog-seconds 30] [--limit-s 1.0]
@@ -7,8 +7,8 @@
 Issue 28's target: prediction stays fast on a busy machine, ``place`` of 10 workloads on 2
 devices in under 1 s beside a CPU hog. The workloads are the tiny placement mix
 (``conf/placement_mix/tiny.yaml``, read as data: only the builders of
-``sim.placement_workloads`` it names are called) drawn with 10 seeds, its four entries in
-turn; the devices are two ``sim.placement.Device`` of one committed profile (default: the
+``sim.place.placement_workloads`` it names are called) drawn with 10 seeds, its four entries in
+turn; the devices are two ``sim.place.placement.Device`` of one committed profile (default: the
 cold-cache Xeon profile, which holds every kernel family), each with its own ``CostModel``
 object (so the two are predicted as two devices, not one model shared), 2 GiB each; the
 predictor is L3 (the fitted models, the slowest level).
@@ -100,9 +100,9 @@ def tiny_workloads(n: int = WORKLOADS) -> list[Any]:
     """``n`` placement workloads from the tiny mix, its entries in turn, seed = index."""
     import yaml
 
-    from sim import placement_workloads
+    from sim.place import placement_workloads
 
-    builders = {f"sim.placement_workloads.{name}": getattr(placement_workloads, name)
+    builders = {f"sim.place.placement_workloads.{name}": getattr(placement_workloads, name)
                 for name in ("moe_workload", "gnn_workload", "mlp_workload")}
     mix = yaml.safe_load(MIX.read_text(encoding="utf-8"))
     if not isinstance(mix, dict) or not mix:
@@ -125,7 +125,7 @@ def devices_from(profile_dir: Path, n: int = DEVICES) -> tuple[list[Any], dict[s
 
     from costmodel.model.predictor import CostModel
     from costmodel.store.profile import DeviceProfile
-    from sim.placement import Device
+    from sim.place.placement import Device
 
     profile = DeviceProfile.load(profile_dir)
     started = time.perf_counter()
@@ -177,7 +177,7 @@ def stop_hog(procs: Sequence[subprocess.Popen], grace_s: float = 2.0) -> None:
 
 def time_place(workloads: Sequence[Any], devices: Sequence[Any], repeats: int) -> tuple[list[float], list[float]]:
     """Wall-clock and CPU seconds (this process, all its threads) of each ``place`` call."""
-    from sim.placement import place
+    from sim.place.placement import place
 
     wall, cpu = [], []
     for _ in range(repeats):

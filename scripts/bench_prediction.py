@@ -33,7 +33,7 @@ from costmodel.model.features import kernel_table
 from costmodel.model.models import ExtrapolationWarning
 from costmodel.model.predictor import CostModel
 from costmodel.store.profile import DeviceProfile
-from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig, moe_trace
 
 
 def jittered(spec: KernelSpec, rng: np.random.Generator) -> KernelSpec:

@@ -17,13 +17,13 @@ downloaded), and treats them as a new user would:
   so the seeded router weights fix the routing (``--backward`` steps run in eval mode too);
 - PyG convolutions (``GNN_CASES``): GATConv, GATv2Conv, GINConv, GraphConv,
   TransformerConv, EdgeConv, ResGatedGraphConv and ChebConv on one R-MAT graph of the
-  project's generators (``sim.graphs``; 4096 nodes, 32768 edges, 64 features).
+  project's generators (``sim.workloads.graphs``; 4096 nodes, 32768 edges, 64 features).
 
 Each module is captured once and predicted, through the public API, two ways:
 
 - **lookup**: ``sim.api.predict_module_latency(module, args, load_cost_model(...))``, the
   profile as loaded (a kernel the profile measured is predicted by its measurement);
-- **held-out** (the headline): ``sim.heldout.fit_heldout(profile, model, traces)`` once for
+- **held-out** (the headline): ``sim.predict.heldout.fit_heldout(profile, model, traces)`` once for
   all modules (L0-L3 refitted without any kernel key of these modules, ceilings as loaded),
   then ``predict_captured(trace, heldout.model)``. Every level is fitted per kernel family,
   so the refit reads only the profile rows of the families the modules run (the other
@@ -31,7 +31,7 @@ Each module is captured once and predicted, through the public API, two ways:
   user's model cache (``costmodel.store.model_cache``), keyed by the profile's content hash, the
   left-out kernels and the library versions, so a rerun on the same profile skips it.
   Beside it, the held-out L3 corrected by the drift of a few reference kernels that are not
-  the modules' (``sim.heldout_drift``, as the experiments' headline), labelled as such.
+  the modules' (``sim.predict.heldout_drift``, as the experiments' headline), labelled as such.
 
 Then every call is timed as the experiments time theirs: from cold caches (each call after
 evicting them), in interleaved rounds over all modules (``experiments.common.measure_interleaved``
@@ -76,7 +76,7 @@ LEVELS = ("L0", "L1", "L2", "L3")
 SCORINGS = {"heldout": "held-out: models refitted without any kernel of these modules, no lookup",
             "lookup": "lookup: the profile as loaded, a profiled kernel predicted by its measurement"}
 DRIFT_NOTE = ("held-out L3 times the drift of reference kernels (not the modules') timed in the same rounds "
-              "(sim.heldout_drift), as the experiments' headline")
+              "(sim.predict.heldout_drift), as the experiments' headline")
 
 
 # ----------------------------------------------------------------------------- the modules
@@ -176,7 +176,7 @@ GNN_CASES: dict[str, str] = {"gat": "GATConv", "gatv2": "GATv2Conv", "gin": "GIN
 #: what --tiny runs: two expert implementations (the shared Experts loop, JetMoE's own) and two convs
 TINY_MODULES = ("olmoe", "jetmoe", "gat", "graphconv")
 GRAPHS = ("rmat", "chung_lu")
-#: folds of the held-out L3 model selection (``sim.heldout.fit_heldout``'s default); --tiny uses
+#: folds of the held-out L3 model selection (``sim.predict.heldout.fit_heldout``'s default); --tiny uses
 #: 2, a smoke run's fit in a third of the time (the form chosen per family may differ)
 CV_FOLDS = 4
 TINY_CV_FOLDS = 2
@@ -212,7 +212,7 @@ def build_moe(case: MoECase, size: MoESize, seed: int, device: torch.device | st
 
 def build_graph(graph: str, size: GraphSize, seed: int) -> torch.Tensor:
     """[2, E] edge index from the project's generators (Graph500 R-MAT or Chung-Lu power law)."""
-    from sim.graphs import check_edge_index, chung_lu, rmat
+    from sim.workloads.graphs import check_edge_index, chung_lu, rmat
 
     edge_index = (rmat if graph == "rmat" else chung_lu)(size.nodes, size.edges, seed=seed)
     check_edge_index(edge_index, size.nodes)
@@ -341,7 +341,7 @@ def _forward(module: torch.nn.Module, inputs: tuple) -> Callable[[], Any]:
 
 
 def _step(module: torch.nn.Module, inputs: tuple) -> Callable[[], None]:
-    from sim.capture import default_loss
+    from sim.capture.dispatch import default_loss
 
     def call() -> None:
         module.zero_grad(set_to_none=True)
@@ -361,7 +361,7 @@ def build_workloads(args: argparse.Namespace, model: Any, device: torch.device, 
     edge_index = build_graph(args.graph, graph, args.seed) if needs_graph else None
     details: dict[str, Any] = {}
     if edge_index is not None:
-        from sim.graphs import degree_stats
+        from sim.workloads.graphs import degree_stats
 
         details["graph"] = {"generator": args.graph, **asdict(graph), **degree_stats(edge_index, graph.nodes)}
     workloads: list[Workload] = []
@@ -423,7 +423,7 @@ def heldout_cache_name(profile: Any, traces: Sequence[Sequence[Any]], cv_folds: 
 
     from costmodel.store import model_cache
     from costmodel.model.predictor import MODEL_VERSION
-    from sim.heldout import trace_families, trace_keys
+    from sim.predict.heldout import trace_families, trace_keys
 
     h = hashlib.sha256()
     h.update(profile.content_hash().encode())
@@ -435,10 +435,10 @@ def heldout_cache_name(profile: Any, traces: Sequence[Sequence[Any]], cv_folds: 
 
 def fit_heldout_cached(profile: Any, model: Any, traces: Sequence[Sequence[Any]], console: Any, *,
                        cv_folds: int = CV_FOLDS) -> tuple[Any, bool]:
-    """``sim.heldout.fit_heldout`` on the traces' families, from this user's model cache when the
+    """``sim.predict.heldout.fit_heldout`` on the traces' families, from this user's model cache when the
     same profile and kernels were fitted before; (HeldOut, whether it came from the cache)."""
     from costmodel.store import model_cache
-    from sim.heldout import fit_heldout, trace_families
+    from sim.predict.heldout import fit_heldout, trace_families
 
     name = heldout_cache_name(profile, traces, cv_folds)
     cached = model_cache.read(name)
@@ -459,7 +459,7 @@ def drop_short_families(profile: Any, workloads: list[Workload], console: Any,
                         skipped: dict[str, str]) -> list[Workload]:
     """Leave out the modules running a family with fewer than ``MIN_HELDOUT_ROWS`` profiled
     kernels once every module's kernels are left out: they cannot be predicted held out."""
-    from sim.heldout import MIN_HELDOUT_ROWS, family_shortfall, heldout_table, trace_families, trace_keys
+    from sim.predict.heldout import MIN_HELDOUT_ROWS, family_shortfall, heldout_table, trace_families, trace_keys
 
     traces = [w.trace.kernels() for w in workloads]
     table, _ = heldout_table(profile, trace_keys(traces))
@@ -633,8 +633,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     from costmodel.measure.runtime import Runtime
     from experiments.common import measure_interleaved
     from sim.api import load_cost_model
-    from sim.heldout import HeldOutError
-    from sim.heldout_drift import build_references, family_drift
+    from sim.predict.heldout import HeldOutError
+    from sim.predict.heldout_drift import build_references, family_drift
 
     cfg = runtime_cfg(args)
     try:

@@ -13,7 +13,9 @@ reports:
     those count as imported too, except the importer's own packages (already loading);
 (b) imports up the layering: a package importing a package listed after it (``costmodel``
     importing ``sim`` or ``experiments``, ``sim`` importing ``experiments``), module-level
-    or function-local;
+    or function-local; inside a package with an inner order (``SUBLAYERS``: sim's folders,
+    ``workloads < capture < predict < place < distributed``, then ``sim.api``), a folder
+    importing one listed after it;
 (c) function-local imports of project modules (information: they often hide a cycle, so
     the cycles the graph would have if they ran at import time are counted beside them).
 
@@ -33,6 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 DEFAULT_PACKAGES = ("costmodel", "sim", "experiments")
+#: inner order of a package's folders, lowest first; its modules outside them (``sim.api``,
+#: ``sim.__main__``) rank above every folder
+SUBLAYERS: dict[str, tuple[str, ...]] = {"sim": ("workloads", "capture", "predict", "place", "distributed")}
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,17 @@ def _ancestors(module: str) -> set[str]:
     return {".".join(parts[:i]) for i in range(1, len(parts))}
 
 
+def _rank(module: str, rank: dict[str, int]) -> tuple[int, int]:
+    """(package rank, folder rank inside the package) of a module."""
+    parts = module.split(".")
+    inner = SUBLAYERS.get(parts[0], ())
+    if len(parts) == 1:
+        sub = len(inner)  # the package's __init__
+    else:
+        sub = inner.index(parts[1]) if parts[1] in inner else len(inner)
+    return rank[parts[0]], sub
+
+
 def analyse(root: Path, packages: tuple[str, ...] = DEFAULT_PACKAGES) -> Report:
     """Parse every ``.py`` of ``packages`` under ``root`` and check their imports."""
     root = Path(root).resolve()
@@ -231,8 +247,7 @@ def analyse(root: Path, packages: tuple[str, ...] = DEFAULT_PACKAGES) -> Report:
     report.hidden_cycles = _cycles(full)
     report.hidden_sizes = sorted((len(c) for c in _components(full)), reverse=True)
     for imp in imports:
-        low, high = imp.importer.split(".")[0], imp.target.split(".")[0]
-        if rank[high] > rank[low]:
+        if _rank(imp.target, rank) > _rank(imp.importer, rank):
             report.upward.append(imp)
         if imp.local:
             report.local.append(imp)

@@ -34,8 +34,8 @@ import torch.distributed as dist  # noqa: E402
 from sim.distributed.ep_layer import EPMoELayer  # noqa: E402
 from sim.distributed.ep_plan import plan_expert_parallel  # noqa: E402
 from sim.distributed.step_timing import time_step  # noqa: E402
-from sim.moe_layer import MoEConfig, MoELayer  # noqa: E402
-from sim.routing import ZipfRouting, route  # noqa: E402
+from sim.workloads.moe_layer import MoEConfig, MoELayer  # noqa: E402
+from sim.workloads.routing import ZipfRouting, route  # noqa: E402
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -47,7 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--d-ff", type=int, default=512)
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--top-k", type=int, default=2)
-    p.add_argument("--backend", default="loop", help="expert backend per rank (sim/backends/moe.py)")
+    p.add_argument("--backend", default="loop", help="expert backend per rank (sim/workloads/backends/moe.py)")
     p.add_argument("--zipf", type=float, default=1.0, help="routing concentration (Zipf exponent, 0 = uniform)")
     p.add_argument("--placement", default="contiguous", help="contiguous | round_robin | load_aware")
     p.add_argument("--repeats", type=int, default=10)

@@ -36,7 +36,7 @@ Usage: ``PYTHONPATH=. python scripts/trace_config_path.py [--json] [overrides ..
 Before the config schema (commit 8e61d7d; the default overrides, measure=true)::
 
     (a) project files entered: 29 (experiments/common.py entered 12 times from other files)
-    (b) back-and-forth: 11 (8 x sim/memory.py -> experiments/moe_skew.py:<genexpr>,
+    (b) back-and-forth: 11 (8 x sim/workloads/memory.py -> experiments/moe_skew.py:<genexpr>,
         sim/__main__.py -> moe_skew.validate, sim/__main__.py -> moe_skew.run,
         costmodel/cli/errors.py -> sim/__main__.py:main); cross-file calls: 5981 (most of them
         the layers' traces building kernel descriptors, the same before and after)

@@ -1,14 +1,14 @@
 """Python API: predict a layer's latency without running it, or any module's from one capture.
 
 >>> from sim.api import load_cost_model, predict_moe_latency
->>> from sim.moe_layer import MoEConfig
+>>> from sim.workloads.moe_layer import MoEConfig
 >>> model = load_cost_model()                    # this machine's fitted profile
 >>> p = predict_moe_latency(MoEConfig(backend="padded"), model, counts=[512] * 2 + [64] * 16)
 >>> p.total_s["L3"], p.kernels[["kernel", "L3"]]
 
 Any module (a Hugging Face MoE block, a PyG convolution, a stack of layers, a training
 step): ``predict_module_latency(module, args, model)`` captures its aten ops once
-(``sim.capture``), maps them through the kernel-family registry and predicts every kernel;
+(``sim.capture.dispatch``), maps them through the kernel-family registry and predicts every kernel;
 ``coverage`` says which share of the predicted time falls on modelled families. A trace
 captured on this machine can be predicted against any stored profile (another device's
 fingerprint), which is how a user without the target device uses the tool;
@@ -41,11 +41,11 @@ from costmodel.measure.timing import Measurement, TimingConfig
 from costmodel.model.features import roofline_time_s
 from costmodel.model.predictor import CostModel, LEVELS
 from costmodel.store.profile import DeviceProfile
-from sim.capture import CapturedTrace, capture_trace, capture_training_step
-from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
-from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
-from sim.routing import Routing
-from sim.simulator import cold_call_extra_s, measure_callable, predict_trace
+from sim.capture.dispatch import CapturedTrace, capture_trace, capture_training_step
+from sim.workloads.gnn_layer import GNNConfig, GraphPlan, gnn_trace
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig, moe_trace
+from sim.workloads.routing import Routing
+from sim.predict.simulator import cold_call_extra_s, measure_callable, predict_trace
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ def load_cost_model(device: str = "auto", dtype: str = "float32", profile_root: 
         return CostModel.load(profile, expected=fp)
     from costmodel.families.descriptor import from_record  # noqa: PLC0415
     from costmodel.measure.runtime import Runtime  # noqa: PLC0415
-    from sim.calibration import calibrated_model  # noqa: PLC0415
+    from sim.predict.calibration import calibrated_model  # noqa: PLC0415
 
     rt = Runtime.from_cfg({
         "device": str(dev), "dtype": dtype, "threads": threads, "allocator": allocator, "seed": 0,
@@ -164,7 +164,7 @@ def predict_moe_latency(
 
     ``counts`` (one whole number per expert, each in [0, tokens], summing to between 1 and
     tokens x top_k) stands for a routing whose tokens are spread evenly over the combine
-    step; see ``sim.moe_layer.check_expert_counts``.
+    step; see ``sim.workloads.moe_layer.check_expert_counts``.
     """
     if (routing is None) == (counts is None):
         raise ValueError("give exactly one of routing= or counts=")
@@ -248,7 +248,7 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
     """Predict every op of a captured trace: mapped kernels by the cost model, unmapped ops
     by the roofline fallback (ideal bytes / measured bandwidth + per-call overhead, the same
     at every level; plus the cold-call overhead on a cold-cache profile, as ``predict_trace``).
-    ``l3_factor`` (family -> factor: the held-out drift of ``sim.heldout_drift``) multiplies
+    ``l3_factor`` (family -> factor: the held-out drift of ``sim.predict.heldout_drift``) multiplies
     each mapped kernel's L3 time, not its cold-call overhead."""
     model = _check_model(model)
     _check_dtypes(trace.float_dtypes(), model, "the captured trace")
@@ -259,7 +259,7 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
     if missing:
         raise ValueError(
             f"the trace runs kernel families {missing} that the profile's models were not fitted on "
-            f"(fitted: {sorted(fitted)}): measure them first, e.g. sim.calibration.calibrated_model(rt, "
+            f"(fitted: {sorted(fitted)}): measure them first, e.g. sim.predict.calibration.calibrated_model(rt, "
             f"captured_suite([trace]), suite_name=...) or `python -m costmodel bench bench.families={missing}` "
             "then `python -m costmodel fit`"
         )
@@ -298,7 +298,7 @@ def capture_module(module: Callable[..., Any], args: Sequence[Any], kwargs: dict
     """Capture one forward call (or forward + loss + backward) of ``module``.
 
     The backward starts from no grads, as the measured step does; the module's parameters,
-    grads and buffers and the inputs are left as they were (``sim.capture.CallerState``)."""
+    grads and buffers and the inputs are left as they were (``sim.capture.dispatch.CallerState``)."""
     _check_call(args, kwargs)
     if backward:
         return capture_training_step(module, tuple(args), dict(kwargs or {}), loss_fn)
@@ -369,7 +369,7 @@ def measure_module_latency(
 ) -> ModuleMeasurement:
     """Time the real module on the profile's device (refuses another device), the forward
     alone and, with ``backward=True``, the whole step (grads reset before every call)."""
-    from sim.capture import default_loss
+    from sim.capture.dispatch import default_loss
 
     model = _check_model(model)
     _check_call(args, kwargs)

@@ -14,10 +14,10 @@ from costmodel.families.grouped_gemm import GroupedGemmSpec
 from costmodel.families.scatter import ScatterSpec
 from costmodel.measure.runners import make_runner
 from costmodel.measure.timing import TimingConfig, measure
-from sim.gnn_layer import GNN_BACKENDS, GNNConfig, GNNLayer
-from sim.graphs import rmat
-from sim.moe_layer import MOE_BACKENDS, MoEConfig, MoELayer, backend_unavailable_reason
-from sim.routing import ZipfRouting, route
+from sim.workloads.gnn_layer import GNN_BACKENDS, GNNConfig, GNNLayer
+from sim.workloads.graphs import rmat
+from sim.workloads.moe_layer import MOE_BACKENDS, MoEConfig, MoELayer, backend_unavailable_reason
+from sim.workloads.routing import ZipfRouting, route
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,5 +1,6 @@
 """scripts/check_layering.py: the tree has no import cycle and no import up the layering
-(experiments -> sim -> costmodel), and the checker finds both in a package made to have them."""
+(experiments -> sim -> costmodel; inside sim, its folders in order), and the checker finds both
+in a package made to have them."""
 
 from __future__ import annotations
 
@@ -85,3 +86,18 @@ def test_a_package_init_importing_its_modules_is_a_cycle_only_through_an_outside
     _write(tmp_path, {"pkg/fams/scatter.py": "from pkg.fams.base import X\nfrom pkg.measure.device import X\n"})
     cycles = layering.analyse(tmp_path, ("pkg",)).cycles
     assert len(cycles) == 1 and set(cycles[0]) == {"pkg.fams", "pkg.fams.scatter", "pkg.measure.device"}
+
+
+def test_sims_folders_import_only_folders_below_them(layering, tmp_path, monkeypatch):
+    assert all((ROOT / "sim" / folder / "__init__.py").is_file() for folder in layering.SUBLAYERS["sim"])
+    monkeypatch.setitem(layering.SUBLAYERS, "pkg", ("low", "high"))
+    _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/api.py": "from pkg.high.b import g\n",  # the package's own modules rank above its folders
+        "pkg/low/__init__.py": "",
+        "pkg/low/a.py": "def f():\n    from pkg.high.b import g  # up, even function-local\n",
+        "pkg/high/__init__.py": "",
+        "pkg/high/b.py": "from pkg.low.a import f\n\ndef g():\n    pass\n",
+    })
+    report = layering.analyse(tmp_path, ("pkg",))
+    assert [(i.importer, i.target) for i in report.upward] == [("pkg.low.a", "pkg.high.b")]

@@ -20,7 +20,7 @@ miss, and nothing is written into the profiles. For each profile found under the
 Layering: this module is part of ``costmodel`` and imports nothing of ``sim`` (``sim``
 depends on ``costmodel``, never the reverse). The workloads are kernel traces
 (``costmodel.families`` descriptors) that the caller passes in as ``workloads_for(dtype)
--> {name: trace}``; the command line's are ``sim.reference.reference_workloads`` (the
+-> {name: trace}``; the command line's are ``sim.workloads.reference.reference_workloads`` (the
 ``moe_skew`` default layer at three routing concentrations, the ``gnn_degree`` default
 layer, and a dense MLP), named in ``main`` only as the command's default.
 
@@ -72,7 +72,7 @@ LEVELS = ("L0", "L3")
 #: fingerprint values this code can predict for (the reference traces are built in the dtype)
 CACHE_MODES = ("warm", "cold")
 #: the command line's workloads, ``module:function`` (see ``main``); the library never imports it
-DEFAULT_WORKLOADS = "sim.reference:reference_workloads"
+DEFAULT_WORKLOADS = "sim.workloads.reference:reference_workloads"
 
 #: ``workloads_for(dtype) -> {workload name: kernel trace}``
 WorkloadsFor = Callable[[str], Mapping[str, Sequence[KernelSpec]]]
@@ -245,7 +245,7 @@ def efficiency_table(devices: Sequence[Device]) -> pd.DataFrame:
 def cold_call_extra_s(model: CostModel, level: str) -> float:
     """Seconds each kernel of a cold-cache layer pays beyond its profiled time at ``level``:
     the measured ``cold_call_overhead_s`` at L2 and L3 of a cold profile, else 0 (the rule
-    of ``sim.simulator.predict_trace``; a test holds the two equal)."""
+    of ``sim.predict.simulator.predict_trace``; a test holds the two equal)."""
     if model.fingerprint.cache != "cold" or level not in ("L2", "L3"):
         return 0.0
     return float(model.ceilings.get("cold_call_overhead_s", 0.0))
@@ -393,7 +393,7 @@ def run(root: str | Path, out: str | Path | None = None, *, workloads_for: Workl
     """The fleet report: tables printed and written, the plot drawn; returns the tables.
 
     ``workloads_for(dtype) -> {name: trace}`` gives the workloads every device predicts
-    (e.g. ``sim.reference.reference_workloads``), called once per dtype of the fleet."""
+    (e.g. ``sim.workloads.reference.reference_workloads``), called once per dtype of the fleet."""
     if not callable(workloads_for):
         raise TypeError(f"workloads_for must be a callable dtype -> {{name: trace}}, got {type(workloads_for).__name__}")
     out = check_out(out)

@@ -8,9 +8,9 @@ Each family module of ``costmodel.families`` registers its mappers with
 tensors what the cost model needs (tokens per expert of a grouped GEMM, index statistics of a
 gather or scatter), or raises ``Unmappable``. Where no family fits an op well, the entry maps
 it to the nearest family and its ``note`` says so; ``registry_table()`` lists every entry.
-``sim.aten_registry.classify`` is what capture calls for each op.
+``sim.capture.aten_registry.classify`` is what capture calls for each op.
 
-Index statistics follow ``sim.gnn_layer.GraphPlan`` and ``costmodel.families.indices``: the CV of
+Index statistics follow ``sim.workloads.gnn_layer.GraphPlan`` and ``costmodel.families.indices``: the CV of
 per-target hit counts (``bincount(index, minlength=targets)``, population std / mean,
 rounded to 3 decimals) and whether the index is ascending.
 """
@@ -120,7 +120,7 @@ def matmul_dtype(t: torch.Tensor, allowed: tuple[str, ...]) -> str:
 
 def index_stats(index: torch.Tensor, num_targets: int) -> tuple[float, bool]:
     """(CV of per-target hit counts, ascending?) of an integer index, read from its values
-    (the statistics ``sim.gnn_layer.GraphPlan`` and ``costmodel.families.indices`` use)."""
+    (the statistics ``sim.workloads.gnn_layer.GraphPlan`` and ``costmodel.families.indices`` use)."""
     idx = index.detach().reshape(-1).to("cpu", torch.int64).numpy()
     if idx.size == 0:
         return 0.0, True

@@ -10,7 +10,7 @@
   (measured here: ~50 us per op, 0.69 vs 0.19 ms for the chain; 14 us on the AMD EPYC VM
   when its profile was made, 16-34 us there a day later). Kernels are profiled with rotated
   operands but hot code, so layer predictions add it per kernel (``predict_trace``); paired
-  runs re-time the chain beside their layers and store it (``sim.paired``), as they do the
+  runs re-time the chain beside their layers and store it (``sim.predict.paired``), as they do the
   kernels; 0 on CUDA, whose L2 flush leaves the host's caches alone;
 - ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
   (Williams et al. 2009);
@@ -125,7 +125,7 @@ def _small_op_chain(device: torch.device, dtype: torch.dtype):
 
 
 def cold_chain(device: torch.device, dtype: str):
-    """The chain the cold-call overhead is measured on (``sim.paired`` times it beside the layers)."""
+    """The chain the cold-call overhead is measured on (``sim.predict.paired`` times it beside the layers)."""
     return _small_op_chain(device, getattr(torch, dtype))
 
 

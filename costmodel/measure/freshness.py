@@ -13,7 +13,7 @@ aggregation 0.61x, GEMMs far less). So the check is per kernel family:
    per family the median of now / profiled;
 3. a family whose ratio is outside [1 / (1 + tolerance), 1 + tolerance] is *stale*.
 
-What a caller does with stale families (``sim.calibration.calibrated_model``): re-measure
+What a caller does with stale families (``sim.predict.calibration.calibrated_model``): re-measure
 the kernels it needs of those families, and record a *refresh* in the profile's provenance
 (``refresh_entry``): when, why, and per family and latency regime (the decade of a
 kernel's time, ``regime_of``) the ratio new / profiled over the kernels it re-measured
@@ -246,7 +246,7 @@ def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: s
                   regime_scale: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The provenance entry of a refresh: rows of ``families`` measured before ``at`` are
     scaled by ``family_scale`` in later fits (default: the check's ratio; 1.0 where no
-    reference was timed). ``sim.calibration`` passes the ratio the refresh itself measured
+    reference was timed). ``sim.predict.calibration`` passes the ratio the refresh itself measured
     (``remeasured_ratios``) per family and per latency regime, and the time it started, so
     the rows it wrote are never scaled; with ``regime_scale`` only older rows in a regime
     the refresh re-measured are scaled (``refresh_scale``)."""

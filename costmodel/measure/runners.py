@@ -31,7 +31,7 @@ import torch
 
 from costmodel.families import family_of
 from costmodel.families.aten_map import is_transposed_view
-from costmodel.families.inputs import csr_from_index  # noqa: F401 (re-exported: sim.gnn_layer builds its CSR with it)
+from costmodel.families.inputs import csr_from_index  # noqa: F401 (re-exported: sim.workloads.gnn_layer builds its CSR with it)
 from costmodel.families.descriptor import KernelSpec
 
 Inputs = tuple[Any, ...]

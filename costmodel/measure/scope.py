@@ -2,7 +2,7 @@
 
 Each family's torch call lives in its family module (``costmodel.families.<family>``): the
 microbenchmark runners (``costmodel.measure.runners``, through each family's ``build``) and
-the real MoE and GNN modules (``sim.moe_layer``, ``sim.gnn_layer``, ``sim.backends``) call the
+the real MoE and GNN modules (``sim.workloads.moe_layer``, ``sim.workloads.gnn_layer``, ``sim.workloads.backends``) call the
 same functions, so a kernel in a layer's trace is timed by the suite through exactly the code
 the layer runs.
 

@@ -254,7 +254,7 @@ class DeviceProfile:
         ``iqr_s`` the median within-round IQR, ``noisy`` whether any round was flagged.
         Refresh records whose ``policy`` is in ``ignore_refresh_policies`` scale nothing
         (held-out scoring ignores the ``paired`` ones: their drift was read off an
-        experiment's own kernels, ``sim.heldout``).
+        experiment's own kernels, ``sim.predict.heldout``).
         """
         return self._kernels_and_specs(ignore_refresh_policies)[0]
 

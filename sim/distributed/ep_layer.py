@@ -1,7 +1,7 @@
 """A real expert-parallel MoE layer: one rank's part, run on ``torch.distributed``.
 
 Each rank holds the router (replicated) and the weights of its own expert slots, sliced
-from the single-device ``sim.moe_layer.MoELayer`` built with the same config and seed,
+from the single-device ``sim.workloads.moe_layer.MoELayer`` built with the same config and seed,
 so both layers compute the same function. Given its token shard and a precomputed routing
 with its ``EPPlan`` (the same on every rank), ``EPMoELayer.forward``:
 
@@ -13,7 +13,7 @@ with its ``EPPlan`` (the same on every rank), ``EPMoELayer.forward``:
    of the rows with uneven ``input_split_sizes`` / ``output_split_sizes`` (the counts
    exchange is how a receiver learns its split sizes, GShard / DeepSpeed-MoE style);
 3. experts: the received rows regrouped by local slot (stable sort), then the config's
-   registered backend (``sim.backends.moe``: loop, padded or grouped) runs them exactly as
+   registered backend (``sim.workloads.backends.moe``: loop, padded or grouped) runs them exactly as
    in ``MoELayer``, over ``LocalExperts``: this rank's slots seen as a layer of S_r experts
    (SwiGLU down(silu(x W_gate) * (x W_up)), Mixtral, or a GELU MLP);
 4. combine: the results put back in arrival order, an ``all_to_all_single`` with the
@@ -51,16 +51,16 @@ from costmodel.families.softmax import softmax
 from costmodel.families.sort import sort
 from costmodel.families.topk import topk
 from costmodel.measure.scope import kernel_scope
-from sim.backends.moe import moe_backend
+from sim.workloads.backends.moe import moe_backend
 from sim.distributed.ep_plan import EPPlan
 from sim.distributed.launch import run_ep
 from sim.distributed.step_timing import time_step
-from sim.moe_layer import MoEConfig, MoELayer
-from sim.routing import Routing
+from sim.workloads.moe_layer import MoEConfig, MoELayer
+from sim.workloads.routing import Routing
 
 
 class LocalExperts(nn.Module):
-    """One rank's expert slots as the "layer" a ``sim.backends.moe`` backend runs: ``cfg``
+    """One rank's expert slots as the "layer" a ``sim.workloads.backends.moe`` backend runs: ``cfg``
     with ``num_experts`` = the rank's slots, ``projections`` [S_r, K, N] stacks sliced from
     the seeded ``MoELayer``, and ``MoELayer``'s own activation code."""
 

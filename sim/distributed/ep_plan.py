@@ -15,7 +15,7 @@ Which replica (slot) an assignment goes to, when an expert has several:
    order) goes to replica (n + s) mod r_e of the expert's r_e replicas (slots ascending);
    the offset s spreads the sources' first picks over the replicas.
 
-Capacity (Switch Transformer, Fedus, Zoph & Shazeer, JMLR 2022, as ``sim.routing``, per
+Capacity (Switch Transformer, Fedus, Zoph & Shazeer, JMLR 2022, as ``sim.workloads.routing``, per
 slot instead of per expert): capacity = ceil(capacity_factor * T * k / S) rows per slot;
 a slot keeps its assignments in global token order (earlier tokens claim capacity first;
 with contiguous shards that is also source-rank order) and drops the rest. Dropped rows
@@ -43,8 +43,8 @@ import numpy as np
 
 from costmodel.families.descriptor import DTYPE_BYTES
 from sim.distributed.expert_placement import ExpertPlacement, check_world_size, place_experts
-from sim.moe_layer import MoEConfig
-from sim.routing import Routing
+from sim.workloads.moe_layer import MoEConfig
+from sim.workloads.routing import Routing
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,7 +147,7 @@ def routing_arrays(routing: Routing | np.ndarray, cfg: MoEConfig) -> tuple[np.nd
 
 
 def rank_within_group(keys: np.ndarray) -> np.ndarray:
-    """For each entry, how many earlier entries share its key (``sim.routing``'s
+    """For each entry, how many earlier entries share its key (``sim.workloads.routing``'s
     rank-within-expert, for any non-negative int keys)."""
     order = np.argsort(keys, kind="stable")
     sorted_keys = keys[order]

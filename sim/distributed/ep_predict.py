@@ -8,14 +8,14 @@ kernels ``sim.distributed.ep_layer.EPMoELayer`` runs, grouped in five phases:
    ``histogram``, ``gather`` of token ids, gates and rows), then two all-to-alls: the
    [W x L] row counts (L = most slots on a rank, int64) and the rows (``plan.dispatch_bytes``);
 3. ``experts``: the R_r received rows regrouped by local slot (``sort``, ``gather``), the
-   config's registered backend's own ``expert_trace`` (``sim.backends.moe``: loop, padded,
+   config's registered backend's own ``expert_trace`` (``sim.workloads.backends.moe``: loop, padded,
    grouped) over the rank's slots seen as a layer of S_r experts with the rows
    ``plan.local_expert_rows(r)``, and the ``scatter`` (index_copy) back to arrival order;
 4. ``combine``: the all-to-all of the results (``plan.combine_bytes``);
 5. ``weighted_sum``: ``elementwise`` scale by the gates and ``scatter`` (index_add) into [T_r, D].
 
 Kernel seconds come from a kernel-time function (``cost_model_kernel_times(model)``: the
-project's cost model, ``sim.simulator.predict_traces``); collective seconds from a
+project's cost model, ``sim.predict.simulator.predict_traces``); collective seconds from a
 collective model with ``predict_all_to_all_s(send_bytes [W, W], level) -> [W]`` seconds each
 rank spends in the call (``costmodel.collectives``, or a latency-bandwidth model).
 
@@ -69,9 +69,9 @@ from costmodel.families.scatter import ScatterSpec
 from costmodel.families.softmax import SoftmaxSpec
 from costmodel.families.sort import SortSpec
 from costmodel.families.topk import TopkSpec
-from sim.backends.moe import moe_backend
+from sim.workloads.backends.moe import moe_backend
 from sim.distributed.ep_plan import EPPlan
-from sim.moe_layer import DispatchPlan, MoEConfig
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig
 
 PHASES = ("router", "dispatch", "experts", "combine", "weighted_sum")
 LEVELS = ("L0", "L1", "L2", "L3")
@@ -248,9 +248,9 @@ def ep_traces(cfg: MoEConfig, plan: EPPlan) -> list[list[KernelSpec]]:
 
 
 def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS) -> KernelTimes:
-    """Kernel seconds per trace from the project's cost model (``sim.simulator.predict_traces``:
+    """Kernel seconds per trace from the project's cost model (``sim.predict.simulator.predict_traces``:
     each distinct kernel predicted once, cold-call overhead included at L2 / L3 of a cold profile)."""
-    from sim.simulator import predict_traces  # noqa: PLC0415
+    from sim.predict.simulator import predict_traces  # noqa: PLC0415
 
     def times(traces: Sequence[Sequence[KernelSpec]]) -> dict[str, np.ndarray]:
         df = predict_traces(model, [list(t) for t in traces], levels, quiet=True)
@@ -265,7 +265,7 @@ def rank_replay_kernel_times(per_rank_s: Sequence[Mapping[str, float]], fallback
     ``ep_layer.ep_phase_worker(replay=...)``): at ``level`` a trace's seconds are the sum of
     its kernels' in-rank medians (keyed by ``KernelSpec.key()``) plus ``per_call_s`` per
     kernel (the cold-call overhead the cost model charges each kernel of a cold layer,
-    ``sim.simulator.cold_call_extra_s``, so replay and lookup compose alike); other levels and kernels no
+    ``sim.predict.simulator.cold_call_extra_s``, so replay and lookup compose alike); other levels and kernels no
     rank measured (the balanced counterpart's) come from ``fallback``. The traces arrive
     rank-major, ``len(PHASES)`` per rank (``_level_timelines``), so trace i is rank
     ``i // len(PHASES)``'s. A composition check, not a prediction: the kernels were timed on

@@ -9,8 +9,8 @@ and holds their input feature rows. One step (``PartitionedGNNLayer.forward``):
    ``output_split_sizes`` (known to every rank from the plan: a static partition needs no
    count exchange). The received rows land in place after the own rows of the rank's input
    buffer (``input_buffer``), in the plan's local order (halo grouped by owner);
-3. ``layer``: the project's single-device layer (``sim.gnn_layer.GNNLayer`` with its
-   registered aggregation backend, ``sim.backends.gnn``) on the rank's local graph: its own
+3. ``layer``: the project's single-device layer (``sim.workloads.gnn_layer.GNNLayer`` with its
+   registered aggregation backend, ``sim.workloads.backends.gnn``) on the rank's local graph: its own
    and halo nodes as rows, its own nodes' in-edges as edges; the own rows of its output are
    the rank's shard of the layer's output.
 
@@ -48,7 +48,7 @@ from sim.distributed.gnn_partition_predict import PHASES, check_plan_for_layer, 
 from sim.distributed.graph_partition import PartitionPlan
 from sim.distributed.launch import run_ep
 from sim.distributed.step_timing import MAX_REPEATS, MAX_WARMUP, MIN_REPEATS, time_step
-from sim.gnn_layer import GNNConfig, GNNLayer
+from sim.workloads.gnn_layer import GNNConfig, GNNLayer
 
 
 class PartitionedGNNLayer(nn.Module):

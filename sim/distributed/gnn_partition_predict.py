@@ -4,12 +4,12 @@ A rank's step (``sim.distributed.gnn_partition_layer`` runs exactly this) has th
 
 1. ``send``: a ``gather`` of the own rows other ranks need (the halo send buffer);
 2. ``halo``: one ``all_to_all_single`` with uneven splits (``PartitionPlan.halo_send_bytes``);
-3. ``layer``: the project's GNN layer (``sim.gnn_layer``: transform GEMM, the registered
+3. ``layer``: the project's GNN layer (``sim.workloads.gnn_layer``: transform GEMM, the registered
    aggregation backend's kernels, ReLU) on the rank's local graph: its own nodes and its
    halo nodes as rows, its own nodes' in-edges as edges (``local_config`` / ``rank_trace``).
 
 Predicted per rank and level: ``send`` and ``layer`` are the kernels' sum from the project's
-``CostModel`` (``sim.simulator.predict_trace``), ``halo`` is the collective model's
+``CostModel`` (``sim.predict.simulator.predict_trace``), ``halo`` is the collective model's
 ``predict_all_to_all_s`` on the plan's [W, W] halo bytes. An all-to-all cannot finish on a
 rank before every peer has joined it, so the halo phase of every rank starts at the latest
 ``send`` end (the wait is part of the measured halo phase too):
@@ -36,8 +36,8 @@ import torch
 from costmodel.families.descriptor import KernelSpec
 from costmodel.families.gather import GatherSpec
 from sim.distributed.graph_partition import PartitionPlan, balanced_send_bytes
-from sim.backends.gnn import gnn_backend
-from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
+from sim.workloads.backends.gnn import gnn_backend
+from sim.workloads.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 
 PHASES = ("send", "halo", "layer")
 LEVELS = ("L0", "L2", "L3")
@@ -159,7 +159,7 @@ def compose_step(level: str, send_s: np.ndarray, halo_s: np.ndarray, layer_s: np
 
 def trace_seconds(model: Any, trace: Sequence[KernelSpec], levels: Sequence[str]) -> dict[str, float]:
     """Predicted seconds of ``trace`` per level (0 for an empty trace)."""
-    from sim.simulator import predict_trace  # noqa: PLC0415
+    from sim.predict.simulator import predict_trace  # noqa: PLC0415
 
     if not trace:
         return {lv: 0.0 for lv in levels}

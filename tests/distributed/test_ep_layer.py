@@ -16,8 +16,8 @@ from sim.distributed.ep_layer import EPMoELayer, run_ep_forward
 from sim.distributed.ep_plan import plan_expert_parallel
 from sim.distributed.launch import EPTimeoutError, EPWorkerError, run_ep
 from sim.distributed.step_timing import time_step
-from sim.moe_layer import MoEConfig, MoELayer
-from sim.routing import Routing, UniformRouting, ZipfRouting, route
+from sim.workloads.moe_layer import MoEConfig, MoELayer
+from sim.workloads.routing import Routing, UniformRouting, ZipfRouting, route
 
 from ep_probes import fail_on_rank_1, sleep  # tests/distributed/ep_probes.py: light for spawned ranks
 

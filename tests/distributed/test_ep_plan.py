@@ -9,8 +9,8 @@ import pytest
 
 from sim.distributed.ep_plan import plan_expert_parallel, token_shards
 from sim.distributed.expert_placement import ExpertPlacement, place_experts
-from sim.moe_layer import MoEConfig
-from sim.routing import Routing, ZipfRouting, route
+from sim.workloads.moe_layer import MoEConfig
+from sim.workloads.routing import Routing, ZipfRouting, route
 
 # T=4 tokens, top-2 of E=4; ranks: r0 holds t0, t1 and r1 holds t2, t3
 CFG = MoEConfig(tokens=4, d_model=2, d_ff=4, num_experts=4, top_k=2)  # a row: 2 x 4 bytes

@@ -12,7 +12,7 @@ from sim.distributed.ep_predict import (
     PHASES, actual_rank_work, balanced_bytes, balanced_rank_work, ep_rank_kernels, predict_ep_step, rank_timelines,
 )
 from costmodel.families.gemm import GemmSpec
-from sim.moe_layer import MoEConfig
+from sim.workloads.moe_layer import MoEConfig
 
 # the plan tests' hand case: T=4, top-2 of E=4 on W=2, 8-byte rows
 CFG = MoEConfig(tokens=4, d_model=2, d_ff=4, num_experts=4, top_k=2)
@@ -147,7 +147,7 @@ def test_latency_bandwidth_fit_recovers_alpha_and_beta():
 def test_every_backend_writes_its_expert_kernels_from_its_own_trace(backend):
     from dataclasses import replace
 
-    from sim.backends.moe import moe_backend
+    from sim.workloads.backends.moe import moe_backend
 
     cfg = replace(CFG, backend=backend)
     plan = plan_expert_parallel(cfg, IDS, world_size=2, placement="contiguous")

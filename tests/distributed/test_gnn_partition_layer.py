@@ -14,8 +14,8 @@ import torch
 
 from sim.distributed.gnn_partition_layer import PartitionedGNNLayer, run_partition_forward, time_phases
 from sim.distributed.graph_partition import plan_graph_partition
-from sim.gnn_layer import GNNConfig, GNNLayer
-from sim.graphs import rmat
+from sim.workloads.gnn_layer import GNNConfig, GNNLayer
+from sim.workloads.graphs import rmat
 
 N, E, SEED = 96, 480, 3
 BASE = GNNConfig(num_nodes=N, in_features=8, out_features=6)

@@ -16,7 +16,7 @@ from sim.distributed.gnn_partition_predict import (
     compose_step, local_config, predict_partition_step, rank_traces,
 )
 from sim.distributed.graph_partition import plan_graph_partition
-from sim.gnn_layer import GNNConfig, GraphPlan, gnn_trace
+from sim.workloads.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 
 # as in test_graph_partition: r0 owns 0, 1 and r1 owns 2, 3
 EI = np.array([[0, 1, 2, 3, 3, 0], [1, 2, 3, 0, 1, 2]])

@@ -11,7 +11,7 @@ import pytest
 from sim.distributed.graph_partition import (
     balanced_send_bytes, plan_graph_partition, random_owner, symmetric_csr,
 )
-from sim.graphs import rmat, sbm
+from sim.workloads.graphs import rmat, sbm
 
 # 4 nodes; r0 owns 0, 1 and r1 owns 2, 3. Edges (src -> dst):
 # e0 0->1, e1 1->2, e2 2->3, e3 3->0, e4 3->1, e5 0->2

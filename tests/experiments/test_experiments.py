@@ -105,7 +105,7 @@ def _check_placement_outputs(summary, out):
 @pytest.mark.parametrize("name", ["moe_design", "moe_skew", "gnn_degree"])
 def test_predict_only_measures_nothing_and_keeps_the_summary_schema(name, shared_profile, tmp_path, monkeypatch):
     import experiments.common as common
-    import sim.calibration
+    import sim.predict.calibration
 
     if not (shared_profile / "outputs" / name / "run" / "summary.json").exists():  # run alone: calibrate first
         importlib.import_module(f"experiments.{name}").run(_cfg(name, shared_profile), out_dir=tmp_path / "calibrate")
@@ -115,7 +115,7 @@ def test_predict_only_measures_nothing_and_keeps_the_summary_schema(name, shared
 
     for module in (common, importlib.import_module(f"experiments.{name}"), importlib.import_module("experiments.workloads")):
         monkeypatch.setattr(module, "measure_interleaved", no_timing, raising=False)
-    monkeypatch.setattr(sim.calibration, "measure_specs", no_timing)
+    monkeypatch.setattr(sim.predict.calibration, "measure_specs", no_timing)
     out = tmp_path / "out"
     summary = importlib.import_module(f"experiments.{name}").run(_cfg(name, shared_profile, "measure=false"), out_dir=out)
     written = json.loads((out / "summary.json").read_text())

@@ -14,9 +14,9 @@ from costmodel.families.gemm import GemmSpec
 from costmodel.model.predictor import CostModel
 from costmodel.store.profile import DeviceProfile
 from experiments import moe_design
-from sim.moe_layer import DispatchPlan, MoEConfig, moe_trace
-from sim.routing import ZipfRouting, route
-from sim.simulator import predict_trace, predict_traces
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig, moe_trace
+from sim.workloads.routing import ZipfRouting, route
+from sim.predict.simulator import predict_trace, predict_traces
 
 PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "cpu-intel-r-xeon-r-processor-t2-float32-2862a8a0be"
 
@@ -183,7 +183,7 @@ def test_coverage_says_when_the_grid_leaves_the_profile(model):
 
 def test_grid_sample_spreads_over_each_family_and_respects_the_limits():
     from costmodel.families.sort import SortSpec
-    from sim.calibration import grid_sample_suite
+    from sim.predict.calibration import grid_sample_suite
 
     gemms = [GemmSpec(m, 64, 64) for m in range(1, 101)]  # predicted time grows with m
     sorts = [SortSpec(n) for n in (64, 128, 256, 512)]

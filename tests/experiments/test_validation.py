@@ -14,7 +14,7 @@ from hydra import initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 
-import sim.memory as memory
+import sim.workloads.memory as memory
 from costmodel.cli.sweep_check import check_jobs, job_overrides
 from experiments.common import validate_experiment
 from tests.experiments.test_experiments import CONF, EXPERIMENTS, _cfg
@@ -40,18 +40,18 @@ _DEVICES = ("placement.device_sets.homogeneous=[{name:a,threads:1,cores:[0],memo
     [
         ("moe_skew", ["routing.capacity_factor=big"], r"routing.capacity_factor must be a number > 0 \(such as 1.25\) or null, got 'big'"),
         ("moe_skew", ["routing.capacity_factor=nan"], r"routing.capacity_factor must be a number > 0 .* or null, got nan"),
-        ("moe_skew", ["+routing.generator.alpha=2"], r"routing.generator: sim.routing.ZipfRouting takes no key 'alpha'; "
+        ("moe_skew", ["+routing.generator.alpha=2"], r"routing.generator: sim.workloads.routing.ZipfRouting takes no key 'alpha'; "
                                                      r"allowed: \['exponent'\]"),
         ("moe_skew", ["routing.sweep.param=alpha"], r"routing.sweep.param must be one of \['exponent'\]"),
         ("moe_skew", ["routing.sweep.values=[]"], r"routing.sweep.values must list at least one value"),
-        ("moe_skew", ["moe.backends=paddd"], r"moe.backend must be one of \['loop', 'padded', 'grouped'\] \(the backends registered in sim/backends/moe.py\), got 'paddd'"),
+        ("moe_skew", ["moe.backends=paddd"], r"moe.backend must be one of \['loop', 'padded', 'grouped'\] \(the backends registered in sim/workloads/backends/moe.py\), got 'paddd'"),
         ("moe_skew", ["moe.d_model=1000000", "moe.d_ff=2048", "moe.num_experts=16"], r"the MoE layers of moe_skew .* need at least [\d,.]+ GB .* reduce moe.d_model"),
         ("moe_skew", ["threads=0"], r"threads must be a positive integer \(>= 1\) or null"),
         ("moe_skew", ["timing.min_runs=abc"], r"timing.min_runs must be an integer, got 'abc'"),
         ("moe_skew", ["+timing.repeats=3"], r"timing.repeats must not be set \(timing takes only \[.*'min_runs'.*\]\), got 3"),
         ("moe_skew", ["per_kernel.iterations=0"], r"per_kernel.iterations must be a positive integer"),
         ("moe_skew", ["seed=-1"], r"seed must be a non-negative integer"),
-        ("gnn_degree", ["+graph.generator.sizes=[10,20]"], r"graph.generator: sim.graphs.rmat takes no key 'sizes'; "
+        ("gnn_degree", ["+graph.generator.sizes=[10,20]"], r"graph.generator: sim.workloads.graphs.rmat takes no key 'sizes'; "
                                                            r"allowed: \['a', 'b', 'c', 'd', 'permute'\]"),
         ("gnn_degree", ["+graph.options.directed=true"], r"graph.options: unknown option 'directed'; allowed: "
                                                          r"\['undirected', 'remove_self_loops', 'dedup'\]"),
@@ -79,7 +79,7 @@ _DEVICES = ("placement.device_sets.homogeneous=[{name:a,threads:1,cores:[0],memo
         ("placement", ["placement.exact_max_binaries=true"], r"placement.exact_max_binaries must be an integer >= 0, got True"),
         ("placement", ["+placement._target_=os.getcwd"], r"placement: unknown key\(s\) \['_target_'\]; allowed: "),
         ("placement", ["placement_mix.moe._target_=builtins.dict"],
-         r"placement_mix.moe._target_ must be one of \['sim.placement_workloads.moe_workload', .*got 'builtins.dict'"),
+         r"placement_mix.moe._target_ must be one of \['sim.place.placement_workloads.moe_workload', .*got 'builtins.dict'"),
         ("placement", ["+placement_mix.evil={_target_:os.system,command:ls}"],
          r"placement_mix.evil._target_ must be one of .*got 'os.system'"),
         ("placement", ["+placement_mix.moe._args_=[1]"], r"placement_mix.moe: \['_args_'\] are not arguments of"),

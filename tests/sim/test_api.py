@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from sim.api import load_cost_model, predict_moe_latency
-from sim.moe_layer import DispatchPlan, MoEConfig
-from sim.routing import UniformRouting, route
+from sim.workloads.moe_layer import DispatchPlan, MoEConfig
+from sim.workloads.routing import UniformRouting, route
 
 CFG = MoEConfig(backend="padded")  # 1024 tokens, top_k 2, 16 experts: at most 2048 assignments
 
@@ -82,7 +82,7 @@ def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path, busy_gua
     from costmodel.families.gemm import GemmSpec
     from costmodel.families.sort import SortSpec
     from costmodel.measure.runtime import Runtime
-    from sim.calibration import calibrated_model
+    from sim.predict.calibration import calibrated_model
 
     suite = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096)]
     rt = Runtime.from_cfg({"device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,

@@ -40,7 +40,7 @@ def fleet_root(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(fleet_root, tmp_path_factory):
-    from sim.reference import reference_workloads
+    from sim.workloads.reference import reference_workloads
 
     return fleet.run(fleet_root, tmp_path_factory.mktemp("fleet_out"), workloads_for=reference_workloads)
 

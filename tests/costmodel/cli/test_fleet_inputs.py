@@ -79,9 +79,9 @@ def test_a_whole_fleet_run_imports_no_sim(make, tmp_path, monkeypatch):
 
 
 def test_trace_seconds_is_the_simulators_sum_on_a_cold_profile(make, tmp_path):
-    """fleet's own per-trace sum (no sim import) equals sim.simulator.predict_trace's,
+    """fleet's own per-trace sum (no sim import) equals sim.predict.simulator.predict_trace's,
     cold-call overhead included at L3 and not at L0."""
-    from sim.simulator import predict_trace
+    from sim.predict.simulator import predict_trace
 
     profile = make(tmp_path / "root", cache="cold")
     profile.write_ceilings({**json.loads((profile.path / "ceilings.json").read_text()), "cold_call_overhead_s": 3e-6})

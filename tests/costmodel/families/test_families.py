@@ -18,8 +18,8 @@ from costmodel.measure.runners import make_runner
 from costmodel.measure.suite import expand_suite
 from costmodel.model.features import COMMON_RANGE_FEATURES, family_features, kernel_table, range_features
 from costmodel.model.models import FittedCostModel
-from sim.aten_registry import registry_table
-from sim.capture import capture_trace
+from sim.capture.aten_registry import registry_table
+from sim.capture.dispatch import capture_trace
 
 CEILINGS = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6,
             "ridge_flops_per_byte": 10.0}

@@ -17,7 +17,7 @@ from costmodel.families.gemm import GemmSpec
 from costmodel.families.histogram import HistogramSpec
 from costmodel.families.sort import SortSpec
 from costmodel.measure.runtime import Runtime
-from sim.calibration import calibrated_model
+from sim.predict.calibration import calibrated_model
 
 TIMING = TINY_TIMING
 SUITE = [("grid", SortSpec(2048)), ("grid", SortSpec(8192)), ("grid", HistogramSpec(8192, 16)),
@@ -158,7 +158,7 @@ def test_remeasured_ratios_are_new_over_profiled_and_their_median_per_family():
 
 
 def test_a_refresh_records_what_it_re_measured_not_the_quick_checks_ratio(rt, busy_guard_aside, monkeypatch):
-    import sim.calibration as calibration
+    import sim.predict.calibration as calibration
 
     profile = rt.open_profile()
     calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")

@@ -105,7 +105,7 @@ def test_profile_kernels_follow_current_byte_formulas(profile):
 
 
 def test_layer_predictions_add_the_cold_call_overhead_per_kernel(fill_gemms, profile):
-    from sim.simulator import predict_trace
+    from sim.predict.simulator import predict_trace
 
     fill_gemms(profile, 30)
     profile.write_ceilings({**CEIL, "cold_call_overhead_s": 5e-5})

@@ -89,8 +89,8 @@ def test_no_loading_path_unpickles_a_profile_folders_models(make_profile, tmp_pa
     from costmodel.cli import fleet
     from costmodel.measure.runtime import Runtime
     from sim.api import load_cost_model, load_stored_cost_model
-    from sim.calibration import fitted_model
-    from sim.placement import Device
+    from sim.predict.calibration import fitted_model
+    from sim.place.placement import Device
 
     root = tmp_path / "profiles"
     profile = make_profile(root)
@@ -181,7 +181,7 @@ def test_a_cache_hit_avoids_the_refit(make_profile, tmp_path, monkeypatch):
 def test_predicting_from_a_read_only_profile_writes_nothing_into_it(make_profile, tmp_path):
     from costmodel.measure.runtime import Runtime
     from sim.api import load_stored_cost_model
-    from sim.calibration import fitted_model
+    from sim.predict.calibration import fitted_model
 
     root = tmp_path / "profiles"
     profile = make_profile(root)

@@ -1,4 +1,4 @@
-"""A predict-only run (``measure=false``: ``sim.calibration.fitted_model``) writes nothing
+"""A predict-only run (``measure=false``: ``sim.predict.calibration.fitted_model``) writes nothing
 into a profile folder, even one holding models an older version of this code saved there
 (models.json / models.joblib of another content): the models are refitted in memory and
 cached in the user's model cache; a read-only profile is no error (issue 28)."""
@@ -30,7 +30,7 @@ def _snapshot(folder) -> dict[str, tuple[int, int, str]]:
 
 
 def test_predict_only_on_a_read_only_profile_with_stale_models_writes_nothing(fill_gemms, tmp_path, monkeypatch):
-    from sim.calibration import fitted_model
+    from sim.predict.calibration import fitted_model
 
     monkeypatch.setenv("MOEGNN_MODEL_CACHE", str(tmp_path / "model_cache"))  # empty: every load below fits first
     root = tmp_path / "profiles"

@@ -1,0 +1,119 @@
+"""Held-out scoring: models refitted without the experiment's kernels, never a lookup of them,
+a clear error where the profile is too small, neighbours measured where a family is short."""
+
+from __future__ import annotations
+
+from tiny_budget import TINY_TIMING
+import pytest
+import torch
+
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.softmax import SoftmaxSpec
+from costmodel.families.sort import SortSpec
+from costmodel.families.topk import TopkSpec
+from experiments.workloads import evaluate_workloads
+from sim.predict.calibration import calibrated_model
+from sim.predict.heldout import (
+    MIN_HELDOUT_ROWS, NEIGHBOURS_PER_FAMILY, HeldOutError, fit_heldout, heldout_table, neighbour_specs, neighbour_suite, trace_keys,
+)
+from sim.workloads.workload import Workload
+
+TIMING = TINY_TIMING
+SUITE = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096, 8192)]
+TRACE = [GemmSpec(8, 32, 32), SortSpec(2048), GemmSpec(8, 32, 32)]
+
+
+@pytest.fixture
+def rt(tiny_runtime):
+    return tiny_runtime(rounds=1)
+
+
+@pytest.fixture
+def calibrated(rt):
+    return calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")
+
+
+def test_heldout_fit_leaves_out_every_kernel_of_the_traces_and_looks_nothing_up(rt, calibrated):
+    held = fit_heldout(rt.open_profile(), calibrated, [TRACE])
+    assert held.excluded_kernels == 2 and held.excluded_rows == 2
+    assert held.rows == len(SUITE) - 2 and held.family_rows == {"gemm": 5, "sort": 4}
+    assert held.model.measured_s == {}  # no lookup at all
+    table, _ = heldout_table(rt.open_profile(), trace_keys([TRACE]))
+    assert not set(table["key"]) & trace_keys([TRACE])
+    # the loaded model looks the profiled kernel up; the held-out one cannot
+    gemm = GemmSpec(8, 32, 32)
+    assert calibrated.predict([gemm])["L3"].iloc[0] == pytest.approx(calibrated.measured_s[gemm.key()])
+    assert gemm.key() not in held.model.measured_s
+    assert held.model.ceilings == calibrated.ceilings  # the ceilings as they stood before the run
+    assert held.to_dict()["scored"] and held.fit_s >= 0
+
+
+def test_a_profile_too_small_to_hold_out_names_the_family_and_its_rows(rt, calibrated):
+    trace = [GemmSpec(8, 32, 32), SoftmaxSpec(4, 8)]  # no softmax at all in the profile
+    with pytest.raises(HeldOutError, match=r"softmax: 0 rows left of 0") as err:
+        fit_heldout(rt.open_profile(), calibrated, [trace], what="t")
+    assert f"fewer than {MIN_HELDOUT_ROWS}" in str(err.value) and "never falls back" in str(err.value)
+    # five of the six gemms in the trace: one row is left, short of three
+    with pytest.raises(HeldOutError, match=r"gemm: 1 row left of 6"):
+        fit_heldout(rt.open_profile(), calibrated, [[GemmSpec(m, 32, 32) for m in (1, 2, 4, 8, 16)]])
+
+
+def test_paired_refresh_records_are_ignored_by_the_heldout_table(rt, calibrated):
+    from costmodel.measure.freshness import REFRESH_COMMAND
+
+    profile = rt.open_profile()
+    profile.add_provenance({"command": REFRESH_COMMAND, "refresh": {
+        "at": "2999-01-01T00:00:00", "policy": "paired", "family_scale": {"gemm": 2.0}}})
+    scaled = profile.kernels().set_index("key")["median_s"]
+    held, _ = heldout_table(profile, set())
+    held = held.set_index("key")["median_s"]
+    key = GemmSpec(1, 32, 32).key()
+    assert scaled[key] == pytest.approx(2 * held[key])
+
+
+def test_evaluate_workloads_headline_is_heldout_with_lookup_beside(rt, calibrated):
+    a, b = torch.randn(8, 32), torch.randn(32, 32)
+    keys = torch.randint(0, 100, (2048,))
+
+    def run() -> None:
+        a @ b
+        torch.sort(keys)
+        a @ b
+
+    held = fit_heldout(rt.open_profile(), calibrated, [TRACE])
+    df = evaluate_workloads(calibrated, [Workload("w", TRACE, run)], device=rt.device, timing=TIMING,
+                            description="t", progress=False, heldout=held)
+    assert df.attrs["scoring"] == "held-out" and df.attrs["heldout"]["excluded_kernels"] == 2
+    lookup = calibrated.predict(TRACE)["L3"].sum()
+    assert df["pred_lookup_L3_s"].iloc[0] == pytest.approx(lookup + 3 * calibrated.ceilings.get("cold_call_overhead_s", 0)
+                                                           * (calibrated.fingerprint.cache == "cold"))
+    assert df["pred_L3_s"].iloc[0] != pytest.approx(df["pred_lookup_L3_s"].iloc[0], rel=1e-9)
+    assert set(df.attrs["profile_lookup"]) >= {"median_ape_pct", "p90_ape_pct", "max_ape_pct"}
+    assert "replay" not in df.attrs  # not paired
+
+
+def test_neighbours_scale_every_size_field_and_skip_invalid_ones():
+    near = neighbour_specs(GemmSpec(8, 32, 32))
+    assert GemmSpec(4, 16, 16) in near and GemmSpec(16, 64, 64) in near
+    assert GemmSpec(4, 32, 32) in near and GemmSpec(8, 32, 64) in near
+    assert GemmSpec(8, 32, 32) not in near and len(near) == len(set(near)) == 8
+    topk = TopkSpec(4, 4, 4)  # k == cols: scaling k alone up is invalid and left out
+    for s in neighbour_specs(topk):
+        assert s.k <= s.cols
+    assert (4, 4, 8) not in {(s.rows, s.cols, s.k) for s in neighbour_specs(topk)}
+    assert TopkSpec(8, 8, 8) in neighbour_specs(topk) and TopkSpec(4, 4, 2) in neighbour_specs(topk)
+    suite = neighbour_suite([GemmSpec(8, 32, 32), SortSpec(64)], ["sort"], {SortSpec(128).key()})
+    assert {s for _, s in suite} == {SortSpec(16), SortSpec(32), SortSpec(256)}  # one size field: x0.25 to x4
+    assert {t for t, _ in suite} == {"heldout_neighbour"}
+    many = neighbour_suite([GemmSpec(m, 64, 64) for m in range(1, 60)], ["gemm"], set())
+    assert len(many) == NEIGHBOURS_PER_FAMILY
+
+
+def test_calibration_measures_neighbours_of_short_families(rt):
+    trace = [GemmSpec(8, 32, 32), SoftmaxSpec(4, 8)]
+    model = calibrated_model(rt, SUITE + [("grid", SoftmaxSpec(4, 8))], suite_name="t", progress=False,
+                             refresh="never", heldout=trace)
+    table, _ = heldout_table(rt.open_profile(), trace_keys([trace]))
+    assert (table["family"] == "softmax").sum() >= MIN_HELDOUT_ROWS
+    held = fit_heldout(rt.open_profile(), model, [trace])
+    assert held.family_rows["softmax"] >= MIN_HELDOUT_ROWS
