@@ -14,14 +14,15 @@ the end.
 Noise: a measurement whose IQR/median exceeds ``max_rel_iqr`` is retried; if every
 attempt is noisy the least noisy one is kept and flagged ``noisy=True`` in the data
 (torch.utils.benchmark warns at IQR/median > 0.1, common.py; the default here is
-stricter because the cost model's targets are a few percent).
+stricter because the cost model's targets are a few percent). Median, IQR and mean are
+``torch.utils.benchmark.Measurement``'s (linear-interpolated quantiles, as numpy's).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any, Callable
 
 import numpy as np
@@ -104,18 +105,23 @@ class Measurement:
     threads: int
     spec: dict[str, Any] | None = field(default=None, compare=False)
 
+    @cached_property
+    def _stats(self) -> benchmark.Measurement:
+        """torch.utils.benchmark's statistics of the per-call times (median, quartiles, mean)."""
+        return benchmark.Measurement(number_per_run=1, raw_times=list(self.times_s),
+                                     task_spec=benchmark.utils.common.TaskSpec("fn()", "", num_threads=self.threads))
+
     @property
     def median_s(self) -> float:
-        return float(statistics.median(self.times_s))
+        return self._stats.median
 
     @property
     def iqr_s(self) -> float:
-        q1, q3 = np.percentile(self.times_s, [25, 75])
-        return float(q3 - q1)
+        return self._stats.iqr
 
     @property
     def mean_s(self) -> float:
-        return float(np.mean(self.times_s))
+        return self._stats.mean
 
     @property
     def std_s(self) -> float:
@@ -245,8 +251,7 @@ def measure(
     cold operands by rotation, which keeps microsecond kernels cheap to time."""
     cfg = config or TimingConfig()
     device = torch.device(device)
-    best: tuple[list[float], int] | None = None
-    best_rel_iqr = float("inf")
+    best: Measurement | None = None
     attempts = 0
     for attempts in range(1, cfg.retries + 2):
         if device.type == "cuda":
@@ -255,19 +260,11 @@ def measure(
             times, number = _time_cpu_evicting(fn, cfg)
         else:
             times, number = _time_cpu(fn, cfg)
-        q1, median, q3 = np.percentile(times, [25, 50, 75])
-        rel_iqr = (q3 - q1) / median
-        if rel_iqr < best_rel_iqr:
-            best, best_rel_iqr = (times, number), rel_iqr
-        if rel_iqr <= cfg.max_rel_iqr:
+        m = Measurement(times_s=tuple(float(t) for t in times), number_per_run=number, attempts=attempts,
+                        noisy=False, device=str(device), threads=torch.get_num_threads(), spec=spec)
+        if best is None or m.rel_iqr < best.rel_iqr:
+            best = m
+        if m.rel_iqr <= cfg.max_rel_iqr:
             break
     assert best is not None
-    return Measurement(
-        times_s=tuple(float(t) for t in best[0]),
-        number_per_run=best[1],
-        attempts=attempts,
-        noisy=bool(best_rel_iqr > cfg.max_rel_iqr),
-        device=str(device),
-        threads=torch.get_num_threads(),
-        spec=spec,
-    )
+    return replace(best, attempts=attempts, noisy=bool(best.rel_iqr > cfg.max_rel_iqr))

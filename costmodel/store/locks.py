@@ -1,12 +1,13 @@
 """Locks: one writer at a time per profile folder, one measuring process at a time per machine.
 
 Two kinds, both advisory ``flock(2)`` locks on a small lock file (released by the kernel
-when the holder exits or is killed, so a crash never leaves a stale lock behind):
+when the holder exits or is killed, so a crash never leaves a stale lock behind), taken
+with the ``filelock`` package:
 
 - ``file_lock(path)``: exclusive, held only around a read-merge-write of a profile's files
-  (well under a second). Linux emulates ``flock`` with POSIX byte-range locks on NFS
-  (``man 2 flock``, NOTES), so it also orders writers on different machines sharing a
-  profile root over NFS.
+  (well under a second): a ``filelock.FileLock``. Linux emulates ``flock`` with POSIX
+  byte-range locks on NFS (``man 2 flock``, NOTES), so it also orders writers on different
+  machines sharing a profile root over NFS.
 - ``measuring(what, config)``: machine-wide (a lock file under the system temp dir,
   whatever the profile), held by a process while it times kernels or layers. A second
   measuring process on the same machine would share the cores and memory bandwidth and
@@ -17,7 +18,10 @@ when the holder exits or is killed, so a crash never leaves a stale lock behind)
   into the lock file; a waiter reads that to say what it waits for. A lock file the user
   names (``measure_lock.path``) must be in an existing folder and openable: anything else is
   a ``ValueError`` naming the setting, before any measuring (only the default file under the
-  system temp dir falls back to measuring without the lock, with a warning).
+  system temp dir falls back to measuring without the lock, with a warning). It opens its
+  lock file itself and locks the descriptor with ``filelock.lock_descriptor``: the default
+  file in the sticky system temp dir is shared by every user of the machine, and
+  ``filelock.FileLock`` refuses a lock file there that another user created.
 
 The measuring lock is reentrant within a process (a bench that calibrates, an experiment
 wrapping calibration and layer timing): the held lock is kept in a per-process table.
@@ -25,8 +29,6 @@ wrapping calibration and layer timing): the held lock is kept in a per-process t
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -35,10 +37,12 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
+
+from filelock import FileLock, Timeout, lock_descriptor, unlock_descriptor
 
 log = logging.getLogger(__name__)
 
@@ -99,16 +103,6 @@ def _open_lock_file(path: Path, *, shared: bool = False) -> int:
     return fd
 
 
-def _try_flock(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError as err:
-        if err.errno in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
-            return False
-        raise
-
-
 @contextmanager
 def file_lock(path: str | Path, *, timeout_s: float = 120.0, what: str = "writing") -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (created if missing) for the ``with`` body.
@@ -116,22 +110,18 @@ def file_lock(path: str | Path, *, timeout_s: float = 120.0, what: str = "writin
     Waits up to ``timeout_s`` for another holder, then raises ``LockBusyError`` naming it.
     """
     path = Path(path)
-    fd = _open_lock_file(path)
+    lock = FileLock(path, timeout=timeout_s, poll_interval=0.02, on_acquired=lambda fd: _write_holder(fd, what))
     try:
-        deadline = time.monotonic() + timeout_s
-        while not _try_flock(fd):
-            if time.monotonic() > deadline:
-                raise LockBusyError(f"could not lock {path} within {timeout_s:g} s: held by "
-                                    f"{describe_holder(read_holder(path))}")
-            time.sleep(0.02)
-        _write_holder(fd, what)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        lock.acquire()
+    except Timeout:
+        raise LockBusyError(f"could not lock {path} within {timeout_s:g} s: held by "
+                            f"{describe_holder(read_holder(path))}") from None
+    try:
+        yield
     finally:
-        os.close(fd)
+        with suppress(OSError):  # still held: no waiter reads a finished holder's record
+            os.truncate(path, 0)
+        lock.release()
 
 
 # ----------------------------------------------------------------------------- measuring lock
@@ -238,7 +228,7 @@ def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[di
         return
     acquired = False
     try:
-        acquired = _try_flock(fd)
+        acquired = lock_descriptor(fd, blocking=False)
         if not acquired:
             holder = describe_holder(read_holder(path))
             if config.mode == "off":
@@ -262,7 +252,7 @@ def measuring(what: str, config: MeasureLockConfig | None = None) -> Iterator[di
             with _held_lock:
                 _held.pop(key, None)
             os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            unlock_descriptor(fd)
         os.close(fd)
 
 
@@ -275,7 +265,7 @@ def _wait(fd: int, path: Path, holder: str, what: str, config: MeasureLockConfig
     note["waited_for"] = [holder]
     last_pid = (read_holder(path) or {}).get("pid")
     last_message = start
-    while not _try_flock(fd):
+    while not lock_descriptor(fd, blocking=False):
         now = time.monotonic()
         current = read_holder(path) or {}
         if now - start > config.timeout_s:

@@ -163,3 +163,25 @@ def test_bad_measure_lock_settings_are_clear_errors(value, message):
            "profile": {"root": "p"}, "measure_lock": value}
     with pytest.raises(ValueError, match=message):
         Runtime.from_cfg(cfg)
+
+
+def test_a_busy_profile_lock_times_out_naming_its_holder(tmp_path):
+    from costmodel.store.locks import file_lock, read_holder
+
+    lock = tmp_path / ".lock"
+    proc = _python("import sys\nfrom costmodel.store.locks import file_lock\n"
+                   "with file_lock(sys.argv[1], what='writing in the test'):\n"
+                   " print('held', flush=True); sys.stdin.readline()", str(lock), stdin=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().strip() == "held", proc.stderr.read()
+        assert read_holder(lock)["pid"] == proc.pid
+        with pytest.raises(LockBusyError, match=rf"could not lock .* within 0.3 s: held by pid {proc.pid} .*"
+                                                r"\(writing in the test; command"):
+            with file_lock(lock, timeout_s=0.3):
+                pytest.fail("locked while another process held the lock")
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+    with file_lock(lock):  # released; and the holder's record went with it
+        assert read_holder(lock)["pid"] != proc.pid
+    assert lock.read_text() == ""
