@@ -23,3 +23,20 @@ def tiny_runtime(tmp_path) -> Callable[..., Runtime]:
             "limits": {"cpu": {"max_flops": 1e9, "max_bytes": 1e9}}})
 
     return make
+
+
+@pytest.fixture
+def gemm_sort_gemm_run() -> Callable[[], None]:
+    """A real run of the trace [gemm(8, 32, 32), sort(2048), gemm(8, 32, 32)] (the held-out
+    and paired scoring tests time it as a layer)."""
+    import torch
+
+    a, b = torch.randn(8, 32), torch.randn(32, 32)
+    keys = torch.randint(0, 100, (2048,))
+
+    def run() -> None:
+        a @ b
+        torch.sort(keys)
+        a @ b
+
+    return run

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from tiny_budget import TINY_TIMING
 import pytest
-import torch
 
 from costmodel.families.gemm import GemmSpec
 from costmodel.families.softmax import SoftmaxSpec
@@ -71,15 +70,8 @@ def test_paired_refresh_records_are_ignored_by_the_heldout_table(rt, calibrated)
     assert scaled[key] == pytest.approx(2 * held[key])
 
 
-def test_evaluate_workloads_headline_is_heldout_with_lookup_beside(rt, calibrated):
-    a, b = torch.randn(8, 32), torch.randn(32, 32)
-    keys = torch.randint(0, 100, (2048,))
-
-    def run() -> None:
-        a @ b
-        torch.sort(keys)
-        a @ b
-
+def test_evaluate_workloads_headline_is_heldout_with_lookup_beside(rt, calibrated, gemm_sort_gemm_run):
+    run = gemm_sort_gemm_run
     held = fit_heldout(rt.open_profile(), calibrated, [TRACE])
     df = evaluate_workloads(calibrated, [Workload("w", TRACE, run)], device=rt.device, timing=TIMING,
                             description="t", progress=False, heldout=held)

@@ -108,17 +108,10 @@ def test_record_paired_refuses_mismatched_lengths(rt):
         record_paired(rt.open_profile(), [KernelJob(GemmSpec(1, 2, 3), rt.device, False)] * 2, [[_fake(1.0)]], suite="t")
 
 
-def test_evaluate_workloads_with_pairing_refits_and_keeps_the_lookup_beside(rt):
+def test_evaluate_workloads_with_pairing_refits_and_keeps_the_lookup_beside(rt, gemm_sort_gemm_run):
     model = calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never")
     trace = [GemmSpec(8, 32, 32), SortSpec(2048), GemmSpec(8, 32, 32)]
-    a, b = torch.randn(8, 32), torch.randn(32, 32)
-    keys = torch.randint(0, 100, (2048,))
-
-    def run() -> None:
-        a @ b
-        torch.sort(keys)
-        a @ b
-
+    run = gemm_sort_gemm_run
     pairing = Pairing(rt.open_profile(), "t")
     df = evaluate_workloads(model, [Workload("w", trace, run)], device=rt.device, timing=TIMING,
                             description="t", progress=False, pairing=pairing)
