@@ -125,13 +125,45 @@ def test_l3_extrapolates_a_measured_trend_beyond_the_fitted_range():
     X, y = power_law(np.unique(np.geomspace(1, 512, 48).round()))
     model = FittedCostModel(ceilings=CEIL, cv_folds=3, candidates=("gbm", "extra_trees", "trend_gbm")).fit(X, y)
     assert model.extrapolator_["gemm"] != "same"
-    assert set(model.extrapolation_cv_median_ape_pct_["gemm"]) == {"same", "ridge1", "trend_gbm", "trend_extra_trees"}
+    assert set(model.extrapolation_cv_median_ape_pct_["gemm"]) == {"same", "ridge1", "trend_gbm", "trend_extra_trees",
+                                                                   "edge", "roofline"}
     Xt, yt = power_law([1024])
     with pytest.warns(ExtrapolationWarning):
         predicted = model.predict(Xt)
     flat = yt[0] * (1024 / 512) ** 0.3  # the largest measured efficiency (M = 512) held flat: 23% too slow
     assert abs(predicted[0] - yt[0]) / yt[0] < 0.08
     assert abs(predicted[0] - yt[0]) < 0.5 * abs(flat - yt[0])
+
+
+def test_l3_keeps_a_saturated_efficiency_flat_beyond_the_fitted_range():
+    """Efficiency that rises and then saturates (a GEMM at its peak): the larger training
+    kernels show no slope, so no trend form may carry the small kernels' slope on; a near
+    tie with the in-range winner keeps the winner (``EXTRAPOLATOR_MARGIN``)."""
+    def saturating(ms):
+        X = _gemms(ms, k=64, n=64)
+        roof = roofline_time_s(X["flops"].to_numpy(), X["bytes_moved"].to_numpy(), CEIL)
+        return X, roof / (0.05 * np.minimum(np.asarray(ms, float), 64) ** 0.5)
+
+    X, y = saturating(np.unique(np.geomspace(1, 512, 48).round()))
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3, candidates=("gbm", "extra_trees")).fit(X, y)
+    scores = model.extrapolation_cv_median_ape_pct_["gemm"]
+    assert model.extrapolator_["gemm"] in {"same", "edge"}
+    assert scores["ridge1"] > 2 * min(scores["same"], scores["edge"])  # the small kernels' slope, carried on
+    Xt, yt = saturating([2048])
+    with pytest.warns(ExtrapolationWarning):
+        predicted = model.predict(Xt)
+    assert abs(predicted[0] - yt[0]) / yt[0] < 0.05
+
+
+def test_edge_and_roofline_extrapolators_are_constants_in_log_efficiency():
+    from costmodel.model.models import ROOFLINE_FEATURE, EdgeEfficiency, RooflineEfficiency
+
+    F = np.zeros((10, ROOFLINE_FEATURE + 1))
+    F[:, ROOFLINE_FEATURE] = np.arange(10)  # sizes 0..9: the top 10% is the last row only
+    t = np.arange(10) * -0.1
+    assert EdgeEfficiency().fit(F, t).predict(F[:2]).tolist() == pytest.approx([-0.9, -0.9])
+    assert EdgeEfficiency(top_share=0.3).fit(F, t).predict(F[:1]).tolist() == pytest.approx([-0.8])
+    assert RooflineEfficiency().fit(F, t).predict(F[:3]).tolist() == [0.0, 0.0, 0.0]
 
 
 def test_trend_plus_residual_names_its_residual_options():
