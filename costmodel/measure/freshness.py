@@ -19,10 +19,22 @@ the kernels it needs of those families, and record a *refresh* in the profile's 
 kernel's time, ``regime_of``) the ratio new / profiled over the kernels it re-measured
 (``remeasured_ratios``; the check's own four-kernel ratio only decides whether to
 refresh). Rows of a refreshed family measured before the refresh, and not re-measured,
-enter later fits scaled by the ratio of their own regime (``refresh_scale``; a regime the
-refresh re-measured nothing in is left as it was), so the profile's coverage of shapes is
-kept while its level follows the machine; the stored measurements themselves are never
-rewritten.
+enter later fits scaled by the ratio of their own measuring session (*epoch*, below), else
+of their own regime (``refresh_scale``; a regime the refresh re-measured nothing in is
+left as it was), so the profile's coverage of shapes is kept while its level follows the
+machine; the stored measurements themselves are never rewritten.
+
+Epochs. A profile is written over many sittings (the full suite one day, a calibration the
+next, paired rounds of each run), and a shared VM runs each sitting at its own speed: on
+the EPYC VM one refresh found the `gnn` calibration rows of one night 2.7x (scatter) to
+4.5x (spmm) slower than the machine, while the full-suite rows of the day before were
+0.76x (gather) of it; one ratio per family, read off the night's rows, then scaled the
+day's gather rows by 0.28x, and those references read 2.72x their scaled time afterwards.
+So rows measured with gaps under ``EPOCH_GAP_S`` form one epoch (``measurement_epochs``,
+named by the interval of its rows' times); a refresh re-measures, besides the suite's kernels, up to
+``ANCHORS_PER_EPOCH`` kernels of every older epoch of a stale family (``epoch_anchors``),
+and records per family and epoch the median ratio over at least ``MIN_EPOCH_KERNELS`` of
+them (``epoch_scales``): each epoch's rows follow their own drift.
 
 The default tolerance (``DEFAULT_TOLERANCE``) is chosen from the measured run-to-run noise
 of these per-family ratios on the development VM: see docs/method.md.
@@ -66,6 +78,13 @@ BUSY_RATIO = 10.0
 #: other processes using more than this many cores on average during the check: busy
 BUSY_OTHER_CORES = 0.5
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
+#: rows measured less than this apart (seconds) belong to one measuring session, an epoch
+#: (the full suite took 1.6 h of rows seconds apart; separate sittings were hours apart)
+EPOCH_GAP_S = 1800
+#: kernels of every older epoch of a stale family that a refresh re-measures besides the suite's
+ANCHORS_PER_EPOCH = 3
+#: re-measured kernels an epoch needs for a ratio of its own (fewer: the regime's ratio applies)
+MIN_EPOCH_KERNELS = 2
 
 
 def check_policy(value: Any) -> str:
@@ -243,13 +262,15 @@ def busy_reason(family_ratio: Mapping[str, float], other_cores: float | None) ->
 
 def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str, at: str | None = None,
                   family_scale: Mapping[str, float] | None = None,
-                  regime_scale: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+                  regime_scale: Mapping[str, Mapping[str, float]] | None = None,
+                  epoch_scale: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The provenance entry of a refresh: rows of ``families`` measured before ``at`` are
     scaled by ``family_scale`` in later fits (default: the check's ratio; 1.0 where no
     reference was timed). ``sim.predict.calibration`` passes the ratio the refresh itself measured
     (``remeasured_ratios``) per family and per latency regime, and the time it started, so
     the rows it wrote are never scaled; with ``regime_scale`` only older rows in a regime
-    the refresh re-measured are scaled (``refresh_scale``)."""
+    the refresh re-measured are scaled (``refresh_scale``); with ``epoch_scale``, older rows
+    of an epoch the refresh re-measured take their epoch's ratio instead."""
     at = at or time.strftime(TIME_FORMAT)
     report.refreshed_at = at
     scale = dict(family_scale) if family_scale is not None else {f: report.family_ratio.get(f, 1.0) for f in families}
@@ -258,6 +279,8 @@ def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: s
                "family_kernels": {f: report.family_kernels.get(f, 0) for f in families}}
     if regime_scale is not None:
         refresh["regime_scale"] = {f: dict(regime_scale.get(f, {})) for f in families}
+    if epoch_scale:
+        refresh["epoch_scale"] = {f: dict(epoch_scale[f]) for f in families if epoch_scale.get(f)}
     return {"command": REFRESH_COMMAND, "host": socket.gethostname(), "reason": reason, "refresh": refresh}
 
 
@@ -270,6 +293,76 @@ def regime_of(seconds: Any) -> np.ndarray:
     older scatter rows, rescaled the other's: three `gnn_degree` runs left the profile's MoE
     scatters at 1/6.9 of what `hf_moe` then measured (results/cpu_epyc/hf_moe_x1)."""
     return np.floor(np.log10(np.maximum(np.asarray(seconds, dtype=np.float64), 1e-12))).astype(int)
+
+
+def measurement_epochs(measured_at: Any) -> np.ndarray:
+    """Per row, its epoch: the run of rows measured less than ``EPOCH_GAP_S`` apart that it
+    belongs to, as the ISO 8601 interval "first/last" of their times (a range, so a refresh's
+    ratio keeps applying to the rows it names after some of them were re-measured and
+    replaced); "" for rows without a time."""
+    stamps = pd.to_datetime(pd.Series(measured_at, dtype="object").astype("string"), errors="coerce",
+                            format=TIME_FORMAT)
+    labels = np.full(len(stamps), "", dtype=object)
+    known = stamps.notna().to_numpy()
+    if not known.any():
+        return labels
+    order = np.argsort(stamps[known].to_numpy(), kind="stable")
+    times = stamps[known].to_numpy()[order]
+    starts = np.concatenate([[True], np.diff(times).astype("timedelta64[s]").astype(np.int64) >= EPOCH_GAP_S])
+    run = np.cumsum(starts) - 1
+    text = pd.DatetimeIndex(times).strftime(TIME_FORMAT).to_numpy(dtype=object)
+    first, last = text[starts], text[np.concatenate([starts[1:], [True]])]
+    sorted_labels = np.array([f"{a}/{b}" for a, b in zip(first, last)], dtype=object)[run]
+    inner = np.empty(len(times), dtype=object)
+    inner[order] = sorted_labels
+    labels[known] = inner
+    return labels
+
+
+def key_epochs(measurements: pd.DataFrame, *, before: str | None = None) -> pd.Series:
+    """Per kernel key, the epoch most of its rows (measured before ``before``) belong to."""
+    if measurements.empty or "measured_at" not in measurements:
+        return pd.Series(dtype=object)
+    frame = measurements.assign(epoch=measurement_epochs(measurements["measured_at"]))
+    if before is not None:
+        frame = frame[frame["measured_at"].astype(str) < before]
+    frame = frame[frame["epoch"] != ""]
+    if frame.empty:
+        return pd.Series(dtype=object)
+    return frame.groupby("key")["epoch"].agg(lambda e: e.value_counts().index[0])
+
+
+def epoch_anchors(measurements: pd.DataFrame, kernels: pd.DataFrame, families: Iterable[str], *,
+                  covered: Iterable[str], exclude: Iterable[str] = (), per_epoch: int = ANCHORS_PER_EPOCH,
+                  min_s: float = 5e-6, max_s: float = 5e-2) -> list[str]:
+    """Keys to re-measure so that every epoch of ``families`` has a ratio of its own: per
+    family and epoch with fewer than ``MIN_EPOCH_KERNELS`` of ``covered`` (the keys being
+    re-measured anyway), up to ``per_epoch`` of its kernels spread over their latency
+    (``pick_references``' rule), never one of ``exclude`` (an experiment's own kernels)."""
+    wanted, covered, exclude = set(families), set(covered), set(exclude)
+    epochs = key_epochs(measurements)
+    if epochs.empty or kernels.empty:
+        return []
+    table = kernels[kernels["family"].isin(wanted) & ~kernels["key"].isin(exclude)]
+    table = table.assign(epoch=table["key"].map(epochs)).dropna(subset=["epoch"])
+    out: list[str] = []
+    for (_, _), g in table.groupby(["family", "epoch"], sort=True):
+        if g["key"].isin(covered).sum() >= MIN_EPOCH_KERNELS:
+            continue
+        out += pick_references(g.drop(columns=["epoch"]), per_family=per_epoch, min_s=min_s, max_s=max_s)["key"].tolist()
+    return out
+
+
+def epoch_scales(ratios: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Per family and epoch, the median ratio of a ``remeasured_ratios`` table, for epochs
+    with at least ``MIN_EPOCH_KERNELS`` re-measured kernels."""
+    if ratios.empty or "epoch" not in ratios:
+        return {}
+    out: dict[str, dict[str, float]] = {}
+    for (f, e), g in ratios[ratios["epoch"].astype(str) != ""].groupby(["family", "epoch"])["ratio"]:
+        if len(g) >= MIN_EPOCH_KERNELS:
+            out.setdefault(str(f), {})[str(e)] = float(g.median())
+    return out
 
 
 def regime_scales(ratios: pd.DataFrame) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
@@ -285,10 +378,11 @@ def regime_scales(ratios: pd.DataFrame) -> tuple[dict[str, float], dict[str, dic
 
 
 def remeasured_ratios(before: pd.DataFrame, measurements: pd.DataFrame, keys: Iterable[str], *,
-                      since: str) -> pd.DataFrame:
+                      since: str, epochs: pd.Series | None = None) -> pd.DataFrame:
     """Per re-measured kernel of ``keys``: family, regime (of its time in ``before``) and the
     ratio (median of its rows measured at or after ``since``) / (its median in ``before``,
-    the kernel table as it was fitted).
+    the kernel table as it was fitted), and its epoch before the refresh (``epochs``, from
+    ``key_epochs`` of the measurements before it: a re-measurement replaces the old rows).
 
     These, not the quick check's ratio, are what a refresh records for older rows: they rest
     on every re-measured kernel and all its rounds. The check times four kernels per family
@@ -305,7 +399,9 @@ def remeasured_ratios(before: pd.DataFrame, measurements: pd.DataFrame, keys: It
     old = before.set_index("key")["median_s"]
     family = before.set_index("key")["family"]
     common = now.index.intersection(old.index)
-    ratios = pd.DataFrame({"family": family[common], "regime": regime_of(old[common]), "ratio": now[common] / old[common]})
+    epochs = (key_epochs(measurements, before=since) if epochs is None else epochs).reindex(common).fillna("")
+    ratios = pd.DataFrame({"family": family[common], "regime": regime_of(old[common]), "ratio": now[common] / old[common],
+                           "epoch": epochs.to_numpy(dtype=object)})
     return ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
 
 
@@ -321,7 +417,9 @@ def refresh_scale(measurements: pd.DataFrame, provenance: Sequence[Mapping[str, 
     A refresh with a ``regime_scale`` (every refresh since regimes were introduced) scales an
     older row only by the ratio of its own latency regime (``regime_of`` its time as scaled
     so far) and leaves rows of regimes it re-measured nothing in unscaled; older records
-    scale every older row of the family by ``family_scale``."""
+    scale every older row of the family by ``family_scale``. A refresh with an
+    ``epoch_scale`` scales the older rows of each epoch it holds a ratio for by that ratio
+    (the regime rule applies to the rest)."""
     scale = np.ones(len(measurements))
     if not len(measurements):
         return scale
@@ -330,10 +428,16 @@ def refresh_scale(measurements: pd.DataFrame, provenance: Sequence[Mapping[str, 
     seconds = measurements["median_s"].to_numpy(dtype=np.float64) if "median_s" in measurements else None
     for rec in refreshes(provenance):
         by_regime = rec.get("regime_scale")
+        by_epoch = rec.get("epoch_scale") or {}
         for fam, factor in rec.get("family_scale", {}).items():
             hit = family == fam
             if when is not None:
                 hit &= when < str(rec["at"])
+            for span, ratio in (by_epoch.get(fam) or {}).items():  # an epoch the refresh re-measured: its own ratio
+                lo, _, hi = str(span).partition("/")
+                mine = hit & (when >= lo) & (when <= (hi or lo))
+                scale[mine] *= float(ratio)
+                hit &= ~mine
             if by_regime is not None and seconds is not None:
                 regimes = regime_of(seconds[hit] * scale[hit])
                 table = by_regime.get(fam, {})

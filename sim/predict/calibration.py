@@ -29,8 +29,8 @@ from costmodel.cli.console import make_console
 from costmodel.measure.bench import SizeLimits, measure_specs
 from costmodel.measure.ceilings import ensure_ceilings
 from costmodel.measure.freshness import (
-    DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, last_writer_host,
-    refresh_entry, regime_scales, remeasured_ratios,
+    DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, epoch_anchors,
+    epoch_scales, key_epochs, last_writer_host, refresh_entry, regime_scales, remeasured_ratios,
 )
 from costmodel.families.descriptor import KernelSpec, from_record
 from costmodel.families.elementwise import ElementwiseSpec
@@ -70,8 +70,11 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
 
     ``heldout`` (the distinct kernels of the experiment's traces, scored held out by
     ``sim.predict.heldout``): never a reference of the freshness check nor a source of a refresh's
-    drift ratio, and where a family of them has fewer than ``MIN_HELDOUT_ROWS`` other
-    kernels in the profile, their neighbours (``neighbour_specs``) are measured too.
+    drift ratio; their neighbours (``neighbour_suite``: sizes halved and doubled) join the
+    suite, so every family of the traces has measured kernels around them that the
+    freshness check times and a refresh re-measures (a family the suite alone does not
+    cover, such as a GNN layer's GEMM, was otherwise predicted from rows of another sitting
+    that nothing checked: 2.4-2.8x its measured time in one `gnn_degree` run).
     """
     policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
     profile = rt.open_profile()
@@ -79,15 +82,15 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     limits = SizeLimits(max_flops=float("inf"), max_bytes=rt.limits.max_bytes, max_call_s=float("inf"))
 
     heldout_keys = {s.key() for s in heldout}
-    if heldout:  # neighbours of the scored kernels for families the profile holds too few others of
+    if heldout:  # neighbours of the scored kernels, never the kernels themselves
         table, _ = heldout_table(profile, heldout_keys)
         short = family_shortfall(table, {s.family for s in heldout})
+        extra = neighbour_suite(heldout, {s.family for s in heldout}, heldout_keys | {s.key() for _, s in suite})
         if short:
-            extra = neighbour_suite(heldout, short, heldout_keys | {s.key() for _, s in suite})
             console.print(f"held-out scoring: {', '.join(f'{f} ({n} kernels)' for f, n in short.items())} "
                           f"{'has' if len(short) == 1 else 'have'} too few kernels besides this run's own: "
-                          f"adding {len(extra)} neighbouring kernels to the calibration")
-            suite = list(suite) + extra
+                          f"their neighbours join the calibration")
+        suite = list(suite) + extra
 
     def missing_kernels() -> int:
         done = profile.measured_rounds()
@@ -109,6 +112,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
             if policy == "always" and not report.busy:  # every family of the suite, checked or not (a busy machine: none)
                 report.stale_families = sorted({s.family for _, s in suite if s.key() in present})
             console.print(report.describe())
+            at = time.strftime(TIME_FORMAT)  # rows measured from here on are this sitting's: never scaled by its refresh
             missing = missing_kernels()
             if missing:
                 profile.require_writable(f"calibrate for {suite_name}")
@@ -121,25 +125,35 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
             if report.stale_families:
                 profile.require_writable(f"refresh the profile for {suite_name}")
                 stale = [(tag, s) for tag, s in suite if s.family in report.stale_families and s.key() in present]
+                # a few kernels of every older sitting of those families too, so each follows its own drift
+                epochs = key_epochs(profile.measurements())  # before the re-measurement replaces their rows
+                anchors = set(epoch_anchors(profile.measurements(), before, report.stale_families,
+                                            covered={s.key() for _, s in stale}, exclude=heldout_keys))
+                stale += [("refresh_anchor", from_record(r)) for r in before[before["key"].isin(anchors)].to_dict("records")]
                 why = (f"calibration.refresh=always before {suite_name}" if policy == "always" else
                        f"{suite_name}: families beyond ±{100 * tolerance:.0f}%: "
                        + ", ".join(f"{f} {report.family_ratio[f]:.2f}x" for f in report.stale_families))
                 console.print(f"refreshing: re-measuring {len(stale)} kernels of {', '.join(report.stale_families)} "
                               f"({why}); older rows of these families are scaled by their drift in the fit")
-                at = time.strftime(TIME_FORMAT)  # rows measured from here on are the refresh's: never scaled by it
                 start = time.perf_counter()
                 result = measure_specs(stale, profile, device=rt.device, timing=rt.timing, limits=limits,
                                        suite=suite_name, show_progress=progress, remeasure=True)
                 report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
                 # the drift ratio never rests on the kernels scored held out
-                scale, by_regime = regime_scales(remeasured_ratios(
-                    before, profile.measurements(), {s.key() for _, s in stale} - heldout_keys, since=at))
+                ratios = remeasured_ratios(before, profile.measurements(), {s.key() for _, s in stale} - heldout_keys,
+                                           since=at, epochs=epochs)
+                scale, by_regime = regime_scales(ratios)
                 entry = refresh_entry(report, report.stale_families, reason=why, at=at,
                                       family_scale={f: scale.get(f, 1.0) for f in report.stale_families},
-                                      regime_scale=by_regime)
+                                      regime_scale=by_regime, epoch_scale=epoch_scales(ratios))
                 profile.add_provenance({**entry, "measure_lock": lock_note})
                 console.print("refresh: older rows scaled by what the re-measured kernels took against the profile: "
                               + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))
+                by_epoch = entry["refresh"].get("epoch_scale", {})
+                if by_epoch:
+                    console.print(f"refresh: {len(anchors)} kernels of older sittings re-measured too; per sitting: "
+                                  + "; ".join(f"{f} " + ", ".join(f"{e} {r:.2f}x" for e, r in sorted(v.items()))
+                                              for f, v in sorted(by_epoch.items())))
     else:
         console.print(report.describe())
     try:  # fitted models live in the user's model cache, never in the profile (costmodel.store.model_cache)

@@ -198,6 +198,90 @@ def test_a_refresh_scales_older_rows_only_in_the_latency_regimes_it_re_measured(
     assert refresh_scale(rows, prov).tolist() == [2.0, 1.5, 1.5, 1.0]
 
 
+# ----------------------------------------------------------------------------- sittings (epochs)
+
+
+def test_rows_measured_within_the_gap_form_one_sitting_named_by_its_first_row():
+    from costmodel.measure.freshness import EPOCH_GAP_S, measurement_epochs
+
+    assert EPOCH_GAP_S == 1800
+    stamps = ["2026-01-01T10:20:00", "2026-01-01T10:00:00", "2026-01-01T10:29:59", None,
+              "2026-01-01T11:00:00", "2026-01-02T00:00:00"]
+    # 10:00, 10:20 and 10:29:59 are under 30 min apart; 11:00 is 30 min 1 s after 10:29:59
+    first = "2026-01-01T10:00:00/2026-01-01T10:29:59"
+    assert measurement_epochs(stamps).tolist() == [first, first, first, "", "2026-01-01T11:00:00/2026-01-01T11:00:00",
+                                                   "2026-01-02T00:00:00/2026-01-02T00:00:00"]
+    assert measurement_epochs([]).tolist() == []
+
+
+def test_a_refresh_scales_each_sitting_it_re_measured_by_its_own_ratio():
+    rows = pd.DataFrame({"family": ["gather"] * 4 + ["gemm"],
+                         "median_s": [3e-3, 3.5e-3, 3e-3, 3e-3, 3e-3],
+                         "measured_at": ["2026-01-01T00:00:00", "2026-01-01T00:10:00",  # sitting A
+                                         "2026-01-01T05:00:00",  # sitting B
+                                         "2026-02-02T00:00:00",  # after the refresh
+                                         "2026-01-01T00:00:00"]})
+    prov = [{"command": "freshness refresh",
+             "refresh": {"at": "2026-02-01T00:00:00", "family_scale": {"gather": 0.5},
+                         "regime_scale": {"gather": {"-3": 0.5}},
+                         "epoch_scale": {"gather": {"2026-01-01T00:00:00/2026-01-01T00:10:00": 0.25}}}}]
+    # A takes its own 0.25; B, which the refresh re-measured nothing of, its regime's 0.5;
+    # the newer row and the other family nothing
+    assert refresh_scale(rows, prov).tolist() == [0.25, 0.25, 0.5, 1.0, 1.0]
+
+
+def test_epoch_anchors_cover_every_older_sitting_never_a_scored_kernel():
+    from costmodel.measure.freshness import ANCHORS_PER_EPOCH, epoch_anchors
+
+    raw = pd.DataFrame({"key": [f"a{i}" for i in range(6)] + ["b0", "b1", "c0", "c1", "z"],
+                        "measured_at": ["2026-01-01T00:00:00"] * 6 + ["2026-01-03T00:00:00"] * 2
+                        + ["2026-01-05T00:00:00"] * 2 + ["2026-01-01T00:00:01"]})
+    kernels = pd.DataFrame({"key": raw["key"], "family": ["gather"] * 10 + ["sort"],
+                            "median_s": [1e-4 * (i + 1) for i in range(11)]})
+    # sitting c is covered by the refresh's own re-measured kernels; b has one of them only
+    picked = epoch_anchors(raw, kernels, ["gather"], covered=["c0", "c1", "b1"], exclude=["a0"])
+    assert sorted(picked) == sorted(["a1", "a3", "a5", "b0", "b1"])  # a: 3 spread over a1..a5; b: both
+    assert len([k for k in picked if k.startswith("a")]) == ANCHORS_PER_EPOCH
+    assert "z" not in picked  # another family
+    assert epoch_anchors(raw.iloc[:0], kernels, ["gather"], covered=[]) == []
+
+
+def test_a_refresh_gives_an_older_sitting_its_own_ratio(rt, busy_guard_aside):
+    """Two sittings of one family at different speeds (rows 6x and 2.5x the machine): the
+    refresh re-measures the suite's kernels (the 1.6x sitting) and anchors of the other, and
+    each sitting's rows that were not re-measured follow their own ratio."""
+    profile = rt.open_profile()
+    older = [("grid", GemmSpec(m, 128, 128)) for m in (16, 32, 64, 96, 128, 192, 256)]  # tens of us: cleanly timed
+    suite = [("grid", GemmSpec(m, 256, 256)) for m in (256, 384, 512)]
+    measure_specs(older + suite, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    file = profile.path / "measurements.csv"
+    frame = pd.read_csv(file)
+    old_keys = {s.key() for _, s in older}
+    is_old = frame["key"].isin(old_keys)
+    frame.loc[is_old, "measured_at"] = "2026-01-01T00:00:00"  # an older sitting, 6x slow
+    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):
+        if col in frame:
+            frame[col] = frame[col] * is_old.map({True: 6.0, False: 2.5})
+    frame.to_csv(file, index=False)
+    model = calibrated_model(rt, suite, suite_name="t", progress=False, refresh="auto", tolerance=0.3)
+    assert model.freshness["refreshed"], model.freshness
+    entry = [e for e in profile.provenance() if e["command"] == "freshness refresh"][-1]["refresh"]
+    by_epoch = entry["epoch_scale"]["gemm"]
+    older_span = "2026-01-01T00:00:00/2026-01-01T00:00:00"
+    assert older_span in by_epoch, by_epoch
+    suite_ratio = [r for span, r in by_epoch.items() if span != older_span]
+    assert by_epoch[older_span] < 0.3, by_epoch  # ~1/6, not the suite's ~1/2.5
+    assert all(by_epoch[older_span] < 0.8 * r for r in suite_ratio), by_epoch
+    kernels = profile.kernels().set_index("key")
+    raw = profile.measurements()
+    not_remeasured = [k for k in old_keys if (raw["key"] == k).sum() == (raw[raw["key"] == k]["round"].nunique())
+                      and (raw[raw["key"] == k]["measured_at"].astype(str) < entry["at"]).all()]
+    for k in not_remeasured:  # scaled by the older sitting's own ratio
+        assert kernels.loc[k, "refresh_scale"] == pytest.approx(by_epoch[older_span])
+    assert not_remeasured  # 7 older kernels, 3 re-measured as anchors
+
+
 # ----------------------------------------------------------------------------- busy machine
 
 
