@@ -85,6 +85,8 @@ EPOCH_GAP_S = 1800
 ANCHORS_PER_EPOCH = 3
 #: re-measured kernels an epoch needs for a ratio of its own (fewer: the regime's ratio applies)
 MIN_EPOCH_KERNELS = 2
+#: kernels of every sitting of a family that the freshness check times besides the suite's
+CHECK_PER_EPOCH = 2
 
 
 def check_policy(value: Any) -> str:
@@ -115,6 +117,8 @@ class FreshnessReport:
     family_iqr: dict[str, float] = field(default_factory=dict)
     family_kernels: dict[str, int] = field(default_factory=dict)
     stale_families: list[str] = field(default_factory=list)
+    #: per family and sitting (``measurement_epochs``), the median now / profiled of its references
+    sitting_ratio: dict[str, dict[str, float]] = field(default_factory=dict)
     #: per refreshed family, the scale recorded for its older rows: the median of new / profiled
     #: over the kernels the refresh re-measured (not the quick check's ratio)
     refresh_scale: dict[str, float] = field(default_factory=dict)
@@ -146,6 +150,10 @@ class FreshnessReport:
                      "rerun on a quiet machine[/]")
         elif self.stale_families:
             head += f"; stale: {', '.join(self.stale_families)}"
+        off = [f"{f} {span.partition('/')[0]} {r:.2f}x" for f, by in sorted(self.sitting_ratio.items())
+               for span, r in sorted(by.items()) if is_stale(r, self.tolerance)]
+        if off:
+            head += f"; sittings beyond tolerance: {', '.join(off)}"
         else:
             head += "; every family within tolerance"
         if self.written_on_other_host:
@@ -190,15 +198,31 @@ def family_ratios(references: pd.DataFrame, now_s: Sequence[float]) -> pd.DataFr
     return pd.DataFrame({"ratio": g.median(), "iqr": g.quantile(0.75) - g.quantile(0.25), "kernels": g.size()})
 
 
+def sitting_ratios(references: pd.DataFrame, now_s: Sequence[float], epochs: pd.Series) -> dict[str, dict[str, float]]:
+    """Per family and sitting (``key_epochs``), the median now / profiled over its references,
+    for sittings with at least ``MIN_EPOCH_KERNELS`` of them."""
+    frame = pd.DataFrame({"family": references["family"].to_numpy(),
+                          "epoch": references["key"].map(epochs).fillna("").to_numpy(dtype=object),
+                          "ratio": np.asarray(now_s) / references["median_s"].to_numpy()})
+    return epoch_scales(frame)
+
+
 def is_stale(ratio: float, tolerance: float) -> bool:
     return not (1 / (1 + tolerance) <= ratio <= 1 + tolerance)
 
 
 def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: TimingConfig, policy: str = "auto",
                     tolerance: float = DEFAULT_TOLERANCE, keys: Iterable[str] | None = None, per_family: int = 4,
-                    rounds: int = 2, last_host: str | None = None) -> FreshnessReport:
+                    rounds: int = 2, last_host: str | None = None, measurements: pd.DataFrame | None = None,
+                    exclude: Iterable[str] = ()) -> FreshnessReport:
     """Time up to ``per_family`` profiled kernels per family (of ``keys`` when given) now and
-    compare with the profile; ``stale_families`` lists those beyond ``tolerance``."""
+    compare with the profile; ``stale_families`` lists those beyond ``tolerance``.
+
+    With ``measurements`` (the raw rows, for their times), every older sitting of a family in
+    scope is checked too: up to ``CHECK_PER_EPOCH`` of its kernels (never one of ``exclude``)
+    join the references, and a family is also stale when one sitting's median ratio (over at
+    least ``MIN_EPOCH_KERNELS``) is beyond the tolerance (``sitting_ratio``): kernels
+    calibrated a minute ago say nothing of rows measured on another day."""
     report = FreshnessReport(policy=check_policy(policy), tolerance=check_tolerance(tolerance))
     report.written_on_other_host = last_host is not None and last_host != socket.gethostname()
     if report.policy == "never":
@@ -208,8 +232,15 @@ def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: Timi
     if refs.empty:
         report.note = "no profiled kernel of this suite to compare with yet"
         return report
+    if measurements is not None and not measurements.empty:
+        more = epoch_anchors(measurements, kernels, sorted(set(refs["family"])), covered=(), per_epoch=CHECK_PER_EPOCH,
+                             exclude=set(exclude) | set(refs["key"]))
+        refs = pd.concat([refs, kernels[kernels["key"].isin(set(more))]], ignore_index=True)
     start, cpu_before = time.perf_counter(), cpu_seconds()
-    ratios = family_ratios(refs, time_references(refs, device=device, timing=timing, rounds=rounds))
+    now_s = time_references(refs, device=device, timing=timing, rounds=rounds)
+    ratios = family_ratios(refs, now_s)
+    if measurements is not None and not measurements.empty:
+        report.sitting_ratio = sitting_ratios(refs, now_s, key_epochs(measurements))
     report.check_wall_s = time.perf_counter() - start
     report.other_cpu_cores = other_cpu_cores(cpu_before, cpu_seconds(), report.check_wall_s)
     report.checked_kernels = int(len(refs))
@@ -217,7 +248,8 @@ def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: Timi
     report.family_iqr = {f: float(r) for f, r in ratios["iqr"].items()}
     report.family_kernels = {f: int(n) for f, n in ratios["kernels"].items()}
     report.stale_families = sorted(f for f, r in report.family_ratio.items()
-                                   if report.policy == "always" or is_stale(r, report.tolerance))
+                                   if report.policy == "always" or is_stale(r, report.tolerance)
+                                   or any(is_stale(x, report.tolerance) for x in report.sitting_ratio.get(f, {}).values()))
     report.busy = busy_reason(report.family_ratio, report.other_cpu_cores)
     if report.busy:
         report.stale_families = []  # a busy machine is not a changed device: record nothing

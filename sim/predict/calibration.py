@@ -108,7 +108,8 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
             before = profile.kernels()
             present = {s.key() for _, s in suite} & set(before["key"]) if len(before) else set()
             report = check_freshness(before, device=rt.device, timing=rt.timing, policy=policy, tolerance=tolerance,
-                                     keys=present - heldout_keys, last_host=last_writer_host(profile.provenance()))
+                                     keys=present - heldout_keys, last_host=last_writer_host(profile.provenance()),
+                                     measurements=profile.measurements(), exclude=heldout_keys)
             if policy == "always" and not report.busy:  # every family of the suite, checked or not (a busy machine: none)
                 report.stale_families = sorted({s.family for _, s in suite if s.key() in present})
             console.print(report.describe())

@@ -246,6 +246,33 @@ def test_epoch_anchors_cover_every_older_sitting_never_a_scored_kernel():
     assert epoch_anchors(raw.iloc[:0], kernels, ["gather"], covered=[]) == []
 
 
+def test_the_check_finds_a_stale_sitting_that_the_suite_kernels_do_not_show(rt, busy_guard_aside):
+    """The suite's kernels were calibrated a minute ago (ratio ~1), the family's rows of an
+    older sitting are 4x slow: the check times that sitting too and calls the family stale."""
+    profile = rt.open_profile()
+    older = [("grid", GemmSpec(m, 128, 128)) for m in (16, 32, 64, 96, 128, 192, 256)]
+    suite = [("grid", GemmSpec(m, 256, 256)) for m in (256, 384, 512)]
+    measure_specs(older + suite, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
+                  show_progress=False)
+    file = profile.path / "measurements.csv"
+    frame = pd.read_csv(file)
+    is_old = frame["key"].isin({s.key() for _, s in older})
+    frame.loc[is_old, "measured_at"] = "2026-01-01T00:00:00"
+    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):
+        if col in frame:
+            frame[col] = frame[col] * is_old.map({True: 4.0, False: 1.0})
+    frame.to_csv(file, index=False)
+    keys = [s.key() for _, s in suite]
+    alone = check_freshness(profile.kernels(), device=rt.device, timing=TIMING, tolerance=0.5, keys=keys)
+    assert alone.sitting_ratio == {}
+    report = check_freshness(profile.kernels(), device=rt.device, timing=TIMING, tolerance=0.5, keys=keys,
+                             measurements=profile.measurements(), exclude=[older[0][1].key()])
+    span = "2026-01-01T00:00:00/2026-01-01T00:00:00"
+    assert report.sitting_ratio["gemm"][span] < 0.5, report.sitting_ratio  # ~1/4
+    assert report.stale_families == ["gemm"] and "sittings beyond tolerance: gemm 2026-01-01T00:00:00" in report.describe()
+    assert report.checked_kernels == len(suite) + 2  # the suite's three and two of the older sitting (not the excluded)
+
+
 def test_a_refresh_gives_an_older_sitting_its_own_ratio(rt, busy_guard_aside):
     """Two sittings of one family at different speeds (rows 6x and 2.5x the machine): the
     refresh re-measures the suite's kernels (the 1.6x sitting) and anchors of the other, and
