@@ -53,7 +53,9 @@ MIN_ROWS_TO_FIT = 10
 #:    form, and the gather's aten op (index_select / index / gather) as features.
 #: 6: L3 trend-plus-trees forms, and a separate extrapolator per family for queries outside
 #:    the fitted range (chosen on a nested extrapolation split).
-MODEL_VERSION = 6
+#: 7: extrapolators "edge" (the largest kernels' efficiency) and "roofline"; an extrapolator
+#:    replaces the in-range form only when 10% better on the nested split.
+MODEL_VERSION = 7
 
 
 class StaleModelError(RuntimeError):
