@@ -34,7 +34,12 @@ So rows measured with gaps under ``EPOCH_GAP_S`` form one epoch (``measurement_e
 named by the interval of its rows' times); a refresh re-measures, besides the suite's kernels, up to
 ``ANCHORS_PER_EPOCH`` kernels of every older epoch of a stale family (``epoch_anchors``),
 and records per family and epoch the median ratio over at least ``MIN_EPOCH_KERNELS`` of
-them (``epoch_scales``): each epoch's rows follow their own drift.
+them (``epoch_scales``): each epoch's rows follow their own drift. That ratio is taken against
+the rows *as measured* (``sitting_scale`` in the record) and replaces whatever earlier
+refreshes scaled those rows by: chained ratios, each read off other kernels, compounded into
+a random walk (one sitting's GEMM rows stood at 3.6x their measured times after a day of
+refreshes, beside neighbours measured that hour at 1x). Records of the first form
+(``epoch_scale``, a ratio against the rows as scaled so far) still multiply.
 
 The default tolerance (``DEFAULT_TOLERANCE``) is chosen from the measured run-to-run noise
 of these per-family ratios on the development VM: see docs/method.md.
@@ -68,6 +73,9 @@ from costmodel.measure.timing import TimingConfig, measure
 
 #: policies for ``calibration.refresh``
 POLICIES = ("never", "auto", "always")
+#: every refresh policy a record may carry: ``profile.kernels(ignore_refresh_policies=...)``
+#: with these gives the rows as measured
+ALL_REFRESH_POLICIES = POLICIES + ("paired",)
 #: a family is stale when now/profiled leaves [1/(1+t), 1+t]; see the module docstring
 DEFAULT_TOLERANCE = 0.10
 REFRESH_COMMAND = "freshness refresh"
@@ -295,14 +303,16 @@ def busy_reason(family_ratio: Mapping[str, float], other_cores: float | None) ->
 def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: str, at: str | None = None,
                   family_scale: Mapping[str, float] | None = None,
                   regime_scale: Mapping[str, Mapping[str, float]] | None = None,
-                  epoch_scale: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
+                  epoch_scale: Mapping[str, Mapping[str, float]] | None = None,
+                  sitting_scale: Mapping[str, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """The provenance entry of a refresh: rows of ``families`` measured before ``at`` are
     scaled by ``family_scale`` in later fits (default: the check's ratio; 1.0 where no
     reference was timed). ``sim.predict.calibration`` passes the ratio the refresh itself measured
     (``remeasured_ratios``) per family and per latency regime, and the time it started, so
     the rows it wrote are never scaled; with ``regime_scale`` only older rows in a regime
-    the refresh re-measured are scaled (``refresh_scale``); with ``epoch_scale``, older rows
-    of an epoch the refresh re-measured take their epoch's ratio instead."""
+    the refresh re-measured are scaled (``refresh_scale``); with ``sitting_scale`` (ratios
+    against the rows as measured), older rows of a sitting the refresh re-measured take their
+    sitting's ratio instead, in place of every earlier scale."""
     at = at or time.strftime(TIME_FORMAT)
     report.refreshed_at = at
     scale = dict(family_scale) if family_scale is not None else {f: report.family_ratio.get(f, 1.0) for f in families}
@@ -313,6 +323,8 @@ def refresh_entry(report: FreshnessReport, families: Sequence[str], *, reason: s
         refresh["regime_scale"] = {f: dict(regime_scale.get(f, {})) for f in families}
     if epoch_scale:
         refresh["epoch_scale"] = {f: dict(epoch_scale[f]) for f in families if epoch_scale.get(f)}
+    if sitting_scale:
+        refresh["sitting_scale"] = {f: dict(sitting_scale[f]) for f in families if sitting_scale.get(f)}
     return {"command": REFRESH_COMMAND, "host": socket.gethostname(), "reason": reason, "refresh": refresh}
 
 
@@ -450,8 +462,9 @@ def refresh_scale(measurements: pd.DataFrame, provenance: Sequence[Mapping[str, 
     older row only by the ratio of its own latency regime (``regime_of`` its time as scaled
     so far) and leaves rows of regimes it re-measured nothing in unscaled; older records
     scale every older row of the family by ``family_scale``. A refresh with an
-    ``epoch_scale`` scales the older rows of each epoch it holds a ratio for by that ratio
-    (the regime rule applies to the rest)."""
+    ``sitting_scale`` sets the scale of the older rows of each sitting it holds a ratio for
+    to that ratio (taken against the rows as measured, so it replaces earlier scales); one
+    with an ``epoch_scale`` multiplies them by it; the regime rule applies to the rest."""
     scale = np.ones(len(measurements))
     if not len(measurements):
         return scale
@@ -461,10 +474,16 @@ def refresh_scale(measurements: pd.DataFrame, provenance: Sequence[Mapping[str, 
     for rec in refreshes(provenance):
         by_regime = rec.get("regime_scale")
         by_epoch = rec.get("epoch_scale") or {}
+        by_sitting = rec.get("sitting_scale") or {}
         for fam, factor in rec.get("family_scale", {}).items():
             hit = family == fam
             if when is not None:
                 hit &= when < str(rec["at"])
+            for span, ratio in (by_sitting.get(fam) or {}).items() if when is not None else ():
+                lo, _, hi = str(span).partition("/")  # against the rows as measured: replaces earlier scales
+                mine = hit & (when >= lo) & (when <= (hi or lo))
+                scale[mine] = float(ratio)
+                hit &= ~mine
             for span, ratio in (by_epoch.get(fam) or {}).items():  # an epoch the refresh re-measured: its own ratio
                 lo, _, hi = str(span).partition("/")
                 mine = hit & (when >= lo) & (when <= (hi or lo))

@@ -29,7 +29,7 @@ from costmodel.cli.console import make_console
 from costmodel.measure.bench import SizeLimits, measure_specs
 from costmodel.measure.ceilings import ensure_ceilings
 from costmodel.measure.freshness import (
-    DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, epoch_anchors,
+    ALL_REFRESH_POLICIES, DEFAULT_TOLERANCE, TIME_FORMAT, FreshnessReport, check_freshness, check_policy, check_tolerance, epoch_anchors,
     epoch_scales, key_epochs, last_writer_host, refresh_entry, regime_scales, remeasured_ratios,
 )
 from costmodel.families.descriptor import KernelSpec, from_record
@@ -128,6 +128,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                 stale = [(tag, s) for tag, s in suite if s.family in report.stale_families and s.key() in present]
                 # a few kernels of every older sitting of those families too, so each follows its own drift
                 epochs = key_epochs(profile.measurements())  # before the re-measurement replaces their rows
+                as_measured = profile.kernels(ignore_refresh_policies=ALL_REFRESH_POLICIES)
                 anchors = set(epoch_anchors(profile.measurements(), before, report.stale_families,
                                             covered={s.key() for _, s in stale}, exclude=heldout_keys))
                 stale += [("refresh_anchor", from_record(r)) for r in before[before["key"].isin(anchors)].to_dict("records")]
@@ -144,15 +145,20 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                 ratios = remeasured_ratios(before, profile.measurements(), {s.key() for _, s in stale} - heldout_keys,
                                            since=at, epochs=epochs)
                 scale, by_regime = regime_scales(ratios)
+                # each sitting's ratio against its rows as measured: it replaces earlier scales, never compounds them
+                by_sitting = epoch_scales(remeasured_ratios(as_measured, profile.measurements(),
+                                                            {s.key() for _, s in stale} - heldout_keys, since=at,
+                                                            epochs=epochs))
                 entry = refresh_entry(report, report.stale_families, reason=why, at=at,
                                       family_scale={f: scale.get(f, 1.0) for f in report.stale_families},
-                                      regime_scale=by_regime, epoch_scale=epoch_scales(ratios))
+                                      regime_scale=by_regime, sitting_scale=by_sitting)
                 profile.add_provenance({**entry, "measure_lock": lock_note})
                 console.print("refresh: older rows scaled by what the re-measured kernels took against the profile: "
                               + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))
-                by_epoch = entry["refresh"].get("epoch_scale", {})
+                by_epoch = entry["refresh"].get("sitting_scale", {})
                 if by_epoch:
-                    console.print(f"refresh: {len(anchors)} kernels of older sittings re-measured too; per sitting: "
+                    console.print(f"refresh: {len(anchors)} kernels of older sittings re-measured too; per sitting, "
+                                  "now against its rows as measured: "
                                   + "; ".join(f"{f} " + ", ".join(f"{e} {r:.2f}x" for e, r in sorted(v.items()))
                                               for f, v in sorted(by_epoch.items())))
     else:

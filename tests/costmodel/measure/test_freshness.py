@@ -230,6 +230,21 @@ def test_a_refresh_scales_each_sitting_it_re_measured_by_its_own_ratio():
     assert refresh_scale(rows, prov).tolist() == [0.25, 0.25, 0.5, 1.0, 1.0]
 
 
+def test_a_sitting_ratio_against_the_rows_as_measured_replaces_earlier_scales():
+    rows = pd.DataFrame({"family": ["gemm"] * 3, "median_s": [1e-3] * 3,
+                         "measured_at": ["2026-01-01T00:00:00", "2026-01-01T00:05:00", "2026-01-01T09:00:00"]})
+    prov = [{"command": "freshness refresh",
+             "refresh": {"at": "2026-01-05T00:00:00", "family_scale": {"gemm": 2.0}}},
+            {"command": "freshness refresh",
+             "refresh": {"at": "2026-01-06T00:00:00", "family_scale": {"gemm": 1.5},
+                         "sitting_scale": {"gemm": {"2026-01-01T00:00:00/2026-01-01T00:05:00": 0.25}}}}]
+    # the first sitting: 0.25 in place of 2.0 (not 0.5); the other: 2.0 then the family's 1.5
+    assert refresh_scale(rows, prov).tolist() == [0.25, 0.25, 3.0]
+    later = prov + [{"command": "freshness refresh", "refresh": {"at": "2026-01-07T00:00:00",
+                                                                 "family_scale": {"gemm": 2.0}}}]
+    assert refresh_scale(rows, later).tolist() == [0.5, 0.5, 6.0]  # a later relative refresh multiplies on
+
+
 def test_epoch_anchors_cover_every_older_sitting_never_a_scored_kernel():
     from costmodel.measure.freshness import ANCHORS_PER_EPOCH, epoch_anchors
 
@@ -294,7 +309,7 @@ def test_a_refresh_gives_an_older_sitting_its_own_ratio(rt, busy_guard_aside):
     model = calibrated_model(rt, suite, suite_name="t", progress=False, refresh="auto", tolerance=0.3)
     assert model.freshness["refreshed"], model.freshness
     entry = [e for e in profile.provenance() if e["command"] == "freshness refresh"][-1]["refresh"]
-    by_epoch = entry["epoch_scale"]["gemm"]
+    by_epoch = entry["sitting_scale"]["gemm"]
     older_span = "2026-01-01T00:00:00/2026-01-01T00:00:00"
     assert older_span in by_epoch, by_epoch
     suite_ratio = [r for span, r in by_epoch.items() if span != older_span]
