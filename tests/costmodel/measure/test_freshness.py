@@ -261,22 +261,32 @@ def test_epoch_anchors_cover_every_older_sitting_never_a_scored_kernel():
     assert epoch_anchors(raw.iloc[:0], kernels, ["gather"], covered=[]) == []
 
 
+OLDER_SITTING = [("grid", GemmSpec(m, 128, 128)) for m in (16, 32, 64, 96, 128, 192, 256)]  # tens of us
+SUITE_SITTING = [("grid", GemmSpec(m, 256, 256)) for m in (256, 384, 512)]
+
+
+def _two_sittings(profile, rt, *, older_factor: float, suite_factor: float) -> None:
+    """Measure ``OLDER_SITTING`` and ``SUITE_SITTING`` now, then make the stored profile say the
+    older ones were measured on 2026-01-01, ``older_factor`` times slower than now, and the
+    suite's ``suite_factor`` times."""
+    measure_specs(OLDER_SITTING + SUITE_SITTING, profile, device=rt.device, timing=TIMING,
+                  limits=SizeLimits(1e9, 1e9), suite="t", show_progress=False)
+    file = profile.path / "measurements.csv"
+    frame = pd.read_csv(file)
+    is_old = frame["key"].isin({s.key() for _, s in OLDER_SITTING})
+    frame.loc[is_old, "measured_at"] = "2026-01-01T00:00:00"
+    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):
+        if col in frame:
+            frame[col] = frame[col] * is_old.map({True: older_factor, False: suite_factor})
+    frame.to_csv(file, index=False)
+
+
 def test_the_check_finds_a_stale_sitting_that_the_suite_kernels_do_not_show(rt, busy_guard_aside):
     """The suite's kernels were calibrated a minute ago (ratio ~1), the family's rows of an
     older sitting are 4x slow: the check times that sitting too and calls the family stale."""
     profile = rt.open_profile()
-    older = [("grid", GemmSpec(m, 128, 128)) for m in (16, 32, 64, 96, 128, 192, 256)]
-    suite = [("grid", GemmSpec(m, 256, 256)) for m in (256, 384, 512)]
-    measure_specs(older + suite, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
-                  show_progress=False)
-    file = profile.path / "measurements.csv"
-    frame = pd.read_csv(file)
-    is_old = frame["key"].isin({s.key() for _, s in older})
-    frame.loc[is_old, "measured_at"] = "2026-01-01T00:00:00"
-    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):
-        if col in frame:
-            frame[col] = frame[col] * is_old.map({True: 4.0, False: 1.0})
-    frame.to_csv(file, index=False)
+    older, suite = OLDER_SITTING, SUITE_SITTING
+    _two_sittings(profile, rt, older_factor=4.0, suite_factor=1.0)
     keys = [s.key() for _, s in suite]
     alone = check_freshness(profile.kernels(), device=rt.device, timing=TIMING, tolerance=0.5, keys=keys)
     assert alone.sitting_ratio == {}
@@ -293,19 +303,9 @@ def test_a_refresh_gives_an_older_sitting_its_own_ratio(rt, busy_guard_aside):
     refresh re-measures the suite's kernels (the 1.6x sitting) and anchors of the other, and
     each sitting's rows that were not re-measured follow their own ratio."""
     profile = rt.open_profile()
-    older = [("grid", GemmSpec(m, 128, 128)) for m in (16, 32, 64, 96, 128, 192, 256)]  # tens of us: cleanly timed
-    suite = [("grid", GemmSpec(m, 256, 256)) for m in (256, 384, 512)]
-    measure_specs(older + suite, profile, device=rt.device, timing=TIMING, limits=SizeLimits(1e9, 1e9), suite="t",
-                  show_progress=False)
-    file = profile.path / "measurements.csv"
-    frame = pd.read_csv(file)
-    old_keys = {s.key() for _, s in older}
-    is_old = frame["key"].isin(old_keys)
-    frame.loc[is_old, "measured_at"] = "2026-01-01T00:00:00"  # an older sitting, 6x slow
-    for col in ("median_s", "iqr_s", "mean_s", "min_s", "std_s"):
-        if col in frame:
-            frame[col] = frame[col] * is_old.map({True: 6.0, False: 2.5})
-    frame.to_csv(file, index=False)
+    suite = SUITE_SITTING
+    old_keys = {s.key() for _, s in OLDER_SITTING}
+    _two_sittings(profile, rt, older_factor=6.0, suite_factor=2.5)
     model = calibrated_model(rt, suite, suite_name="t", progress=False, refresh="auto", tolerance=0.3)
     assert model.freshness["refreshed"], model.freshness
     entry = [e for e in profile.provenance() if e["command"] == "freshness refresh"][-1]["refresh"]
