@@ -109,3 +109,16 @@ def test_calibration_measures_neighbours_of_short_families(rt):
     assert (table["family"] == "softmax").sum() >= MIN_HELDOUT_ROWS
     held = fit_heldout(rt.open_profile(), model, [trace])
     assert held.family_rows["softmax"] >= MIN_HELDOUT_ROWS
+
+
+def test_calibration_measures_neighbours_of_every_traced_family_never_the_traced_kernels(rt):
+    """gemm has five kernels besides the trace's: not short, and still its neighbours are
+    measured (the freshness check needs current rows around every traced family)."""
+    trace = [GemmSpec(8, 32, 32), SortSpec(3000)]
+    calibrated_model(rt, SUITE, suite_name="t", progress=False, refresh="never", heldout=trace)
+    rows = rt.open_profile().measurements()
+    near = rows[rows["tag"] == "heldout_neighbour"]
+    assert set(near["family"]) == {"gemm", "sort"}
+    assert {GemmSpec(16, 64, 64).key(), SortSpec(1500).key(), SortSpec(750).key()} <= set(near["key"])
+    assert GemmSpec(16, 32, 32).key() not in set(near["key"])  # a suite kernel already: not measured twice
+    assert not ({s.key() for s in trace} & set(near["key"]))
