@@ -240,15 +240,16 @@ def check_freshness(kernels: pd.DataFrame, *, device: torch.device, timing: Timi
     if refs.empty:
         report.note = "no profiled kernel of this suite to compare with yet"
         return report
-    if measurements is not None and not measurements.empty:
-        more = epoch_anchors(measurements, kernels, sorted(set(refs["family"])), covered=(), per_epoch=CHECK_PER_EPOCH,
+    epochs = key_epochs(measurements) if measurements is not None else pd.Series(dtype=object)
+    if not epochs.empty:
+        more = epoch_anchors(epochs, kernels, sorted(set(refs["family"])), covered=(), per_epoch=CHECK_PER_EPOCH,
                              exclude=set(exclude) | set(refs["key"]))
         refs = pd.concat([refs, kernels[kernels["key"].isin(set(more))]], ignore_index=True)
     start, cpu_before = time.perf_counter(), cpu_seconds()
     now_s = time_references(refs, device=device, timing=timing, rounds=rounds)
     ratios = family_ratios(refs, now_s)
-    if measurements is not None and not measurements.empty:
-        report.sitting_ratio = sitting_ratios(refs, now_s, key_epochs(measurements))
+    if not epochs.empty:
+        report.sitting_ratio = sitting_ratios(refs, now_s, epochs)
     report.check_wall_s = time.perf_counter() - start
     report.other_cpu_cores = other_cpu_cores(cpu_before, cpu_seconds(), report.check_wall_s)
     report.checked_kernels = int(len(refs))
@@ -376,15 +377,15 @@ def key_epochs(measurements: pd.DataFrame, *, before: str | None = None) -> pd.S
     return frame.groupby("key")["epoch"].agg(lambda e: e.value_counts().index[0])
 
 
-def epoch_anchors(measurements: pd.DataFrame, kernels: pd.DataFrame, families: Iterable[str], *,
+def epoch_anchors(epochs: pd.Series, kernels: pd.DataFrame, families: Iterable[str], *,
                   covered: Iterable[str], exclude: Iterable[str] = (), per_epoch: int = ANCHORS_PER_EPOCH,
                   min_s: float = 5e-6, max_s: float = 5e-2) -> list[str]:
-    """Keys to re-measure so that every epoch of ``families`` has a ratio of its own: per
-    family and epoch with fewer than ``MIN_EPOCH_KERNELS`` of ``covered`` (the keys being
-    re-measured anyway), up to ``per_epoch`` of its kernels spread over their latency
-    (``pick_references``' rule), never one of ``exclude`` (an experiment's own kernels)."""
+    """Keys to re-measure so that every epoch (``epochs``: key -> epoch, ``key_epochs``) of
+    ``families`` has a ratio of its own: per family and epoch with fewer than
+    ``MIN_EPOCH_KERNELS`` of ``covered`` (the keys being re-measured anyway), up to
+    ``per_epoch`` of its kernels spread over their latency (``pick_references``' rule), never
+    one of ``exclude`` (an experiment's own kernels)."""
     wanted, covered, exclude = set(families), set(covered), set(exclude)
-    epochs = key_epochs(measurements)
     if epochs.empty or kernels.empty:
         return []
     table = kernels[kernels["family"].isin(wanted) & ~kernels["key"].isin(exclude)]

@@ -129,7 +129,7 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                 # a few kernels of every older sitting of those families too, so each follows its own drift
                 epochs = key_epochs(profile.measurements())  # before the re-measurement replaces their rows
                 as_measured = profile.kernels(ignore_refresh_policies=ALL_REFRESH_POLICIES)
-                anchors = set(epoch_anchors(profile.measurements(), before, report.stale_families,
+                anchors = set(epoch_anchors(epochs, before, report.stale_families,
                                             covered={s.key() for _, s in stale}, exclude=heldout_keys))
                 stale += [("refresh_anchor", from_record(r)) for r in before[before["key"].isin(anchors)].to_dict("records")]
                 why = (f"calibration.refresh=always before {suite_name}" if policy == "always" else
@@ -142,25 +142,22 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
                                        suite=suite_name, show_progress=progress, remeasure=True)
                 report.refreshed_kernels, report.refresh_wall_s = result.measured, time.perf_counter() - start
                 # the drift ratio never rests on the kernels scored held out
-                ratios = remeasured_ratios(before, profile.measurements(), {s.key() for _, s in stale} - heldout_keys,
-                                           since=at, epochs=epochs)
-                scale, by_regime = regime_scales(ratios)
+                refreshed = {s.key() for _, s in stale} - heldout_keys
+                now = profile.measurements()
+                scale, by_regime = regime_scales(remeasured_ratios(before, now, refreshed, since=at, epochs=epochs))
                 # each sitting's ratio against its rows as measured: it replaces earlier scales, never compounds them
-                by_sitting = epoch_scales(remeasured_ratios(as_measured, profile.measurements(),
-                                                            {s.key() for _, s in stale} - heldout_keys, since=at,
-                                                            epochs=epochs))
+                by_sitting = epoch_scales(remeasured_ratios(as_measured, now, refreshed, since=at, epochs=epochs))
                 entry = refresh_entry(report, report.stale_families, reason=why, at=at,
                                       family_scale={f: scale.get(f, 1.0) for f in report.stale_families},
                                       regime_scale=by_regime, sitting_scale=by_sitting)
                 profile.add_provenance({**entry, "measure_lock": lock_note})
                 console.print("refresh: older rows scaled by what the re-measured kernels took against the profile: "
                               + ", ".join(f"{f} {r:.2f}x" for f, r in sorted(report.refresh_scale.items())))
-                by_epoch = entry["refresh"].get("sitting_scale", {})
-                if by_epoch:
+                if by_sitting:
                     console.print(f"refresh: {len(anchors)} kernels of older sittings re-measured too; per sitting, "
                                   "now against its rows as measured: "
                                   + "; ".join(f"{f} " + ", ".join(f"{e} {r:.2f}x" for e, r in sorted(v.items()))
-                                              for f, v in sorted(by_epoch.items())))
+                                              for f, v in sorted(by_sitting.items())))
     else:
         console.print(report.describe())
     try:  # fitted models live in the user's model cache, never in the profile (costmodel.store.model_cache)

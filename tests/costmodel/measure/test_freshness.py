@@ -246,7 +246,7 @@ def test_a_sitting_ratio_against_the_rows_as_measured_replaces_earlier_scales():
 
 
 def test_epoch_anchors_cover_every_older_sitting_never_a_scored_kernel():
-    from costmodel.measure.freshness import ANCHORS_PER_EPOCH, epoch_anchors
+    from costmodel.measure.freshness import ANCHORS_PER_EPOCH, epoch_anchors, key_epochs
 
     raw = pd.DataFrame({"key": [f"a{i}" for i in range(6)] + ["b0", "b1", "c0", "c1", "z"],
                         "measured_at": ["2026-01-01T00:00:00"] * 6 + ["2026-01-03T00:00:00"] * 2
@@ -254,11 +254,11 @@ def test_epoch_anchors_cover_every_older_sitting_never_a_scored_kernel():
     kernels = pd.DataFrame({"key": raw["key"], "family": ["gather"] * 10 + ["sort"],
                             "median_s": [1e-4 * (i + 1) for i in range(11)]})
     # sitting c is covered by the refresh's own re-measured kernels; b has one of them only
-    picked = epoch_anchors(raw, kernels, ["gather"], covered=["c0", "c1", "b1"], exclude=["a0"])
+    picked = epoch_anchors(key_epochs(raw), kernels, ["gather"], covered=["c0", "c1", "b1"], exclude=["a0"])
     assert sorted(picked) == sorted(["a1", "a3", "a5", "b0", "b1"])  # a: 3 spread over a1..a5; b: both
     assert len([k for k in picked if k.startswith("a")]) == ANCHORS_PER_EPOCH
     assert "z" not in picked  # another family
-    assert epoch_anchors(raw.iloc[:0], kernels, ["gather"], covered=[]) == []
+    assert epoch_anchors(key_epochs(raw.iloc[:0]), kernels, ["gather"], covered=[]) == []
 
 
 OLDER_SITTING = [("grid", GemmSpec(m, 128, 128)) for m in (16, 32, 64, 96, 128, 192, 256)]  # tens of us
