@@ -13,13 +13,21 @@ so 256 B calls weigh as much as 16 MiB ones (plain least squares would let the l
 sizes set alpha).
 
 L3: a scikit-learn regressor per op on log seconds, features per rank (``rank_features``):
-log2 bytes sent, received, kept home, moved, the max over ranks of bytes moved, the
+log2 bytes sent and received, the share kept home (``home_share``), log2 bytes moved, the max over ranks of bytes moved, the
 imbalance max/mean of bytes moved, and the world size. Candidate classes (``CANDIDATES``),
 chosen per op by grouped cross-validation with groups = the suite's message size (a size is
 never both trained and scored; score: mean |log(pred / measured)|): ridge on the residual
 over L2 in log space at two strengths (extrapolates like L2), quadratic ridge, shallow
 gradient boosting, and the L2 line itself (so a profile whose extra features only carry noise
 gets L2 back rather than a worse fit).
+
+L3 never extrapolates on its own: a call whose features lie outside the box the op was
+measured over (``ranges[op]["features"]``: each feature's min and max) is predicted at the
+nearest point of the box (each feature clipped into its measured range) and carried to the
+call along the L2 line, ``L3(x) = L3(clip(x)) * L2(x) / L2(clip(x))``. Without it a quadratic
+fitted over calls that all keep some bytes home answered a pure exchange (nothing home, the
+halo pattern of a partitioned GNN layer) 17x too fast. ``extrapolating`` names every feature
+outside the box.
 
 ``CollectiveModel`` answers per-rank seconds for a send matrix or an (op, bytes) pair;
 ``load_collective_model`` fits one from this host's collective profile;
@@ -50,11 +58,21 @@ from costmodel.collectives.spec import (OPS, CollectiveSpecError, all_to_all_byt
 from costmodel.collectives.store import CollectiveProfile, CollectiveProfileError, folder_for
 
 LEVELS = ("L2", "L3")
-FEATURES = ("log_sent", "log_recv", "log_home", "log_moved", "log_max_moved", "imbalance", "world_size")
+FEATURES = ("log_sent", "log_recv", "home_share", "log_moved", "log_max_moved", "imbalance", "world_size")
 _MIN_ROWS = 3  # an op with fewer rows has no fit
 
 
 # ----------------------------------------------------------------------------- features
+
+
+def home_share(home, sent) -> np.ndarray:
+    """The share of a rank's all-to-all bytes that stay home, home / (home + sent) (0 when it
+    has none): a bounded feature, so a call's mix of home and peer bytes is compared with the
+    measured mixes at any size (log2 bytes kept home put a pure exchange of 8 MB next to
+    256 B calls)."""
+    home, sent = np.asarray(home, dtype=float), np.asarray(sent, dtype=float)
+    total = home + sent
+    return np.divide(home, total, out=np.zeros_like(total), where=total > 0)
 
 
 def rank_features(sent, recv, home, world_size) -> pd.DataFrame:
@@ -63,11 +81,45 @@ def rank_features(sent, recv, home, world_size) -> pd.DataFrame:
     moved = sent + recv
     mean = moved.mean()
     return pd.DataFrame({
-        "log_sent": np.log2(1 + sent), "log_recv": np.log2(1 + recv), "log_home": np.log2(1 + home),
+        "log_sent": np.log2(1 + sent), "log_recv": np.log2(1 + recv), "home_share": home_share(home, sent),
         "log_moved": np.log2(1 + moved), "log_max_moved": np.full(len(moved), np.log2(1 + moved.max())),
         "imbalance": np.full(len(moved), (moved.max() + 1) / (mean + 1)),
         "world_size": np.full(len(moved), float(world_size)),
     })
+
+
+#: how ``extrapolating`` names a feature (log2(1 + bytes) features are reported in bytes)
+FEATURE_WORDS = {"log_sent": "bytes sent per rank", "log_recv": "bytes received per rank",
+                 "home_share": "share of a rank's bytes kept home", "log_moved": "bytes moved per rank",
+                 "log_max_moved": "max bytes moved per rank", "imbalance": "imbalance", "world_size": "world size"}
+
+
+def _feature_value(column: str, value: float) -> float:
+    """A feature's value in the unit ``FEATURE_WORDS`` names (bytes for the log2 columns)."""
+    return float(np.exp2(value) - 1) if column.startswith("log_") else float(value)
+
+
+def clip_to_box(feats: pd.DataFrame, box: dict[str, tuple[float, float]]) -> pd.DataFrame:
+    """``feats`` with every column of ``box`` clipped into its [min, max]."""
+    out = feats.copy()
+    for c, (lo, hi) in box.items():
+        if c in out:
+            out[c] = out[c].clip(lo, hi)
+    return out
+
+
+def _outside(feats: pd.DataFrame, box: dict[str, tuple[float, float]]) -> list[tuple[str, tuple[float, float], float]]:
+    """(column, measured range, the farthest value outside it) for each column of ``feats`` beyond ``box``."""
+    out = []
+    for c, (lo, hi) in box.items():
+        if c not in feats:
+            continue
+        v = feats[c].to_numpy(float)
+        span = max(hi - lo, 1e-9)
+        below, above = v.min() < lo - 1e-6 * span, v.max() > hi + 1e-6 * span
+        if below or above:
+            out.append((c, (lo, hi), float(v.min() if below else v.max())))
+    return out
 
 
 def frame_features(rows: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +129,7 @@ def frame_features(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "log_sent": np.log2(1 + rows["bytes_sent"].to_numpy(float)),
         "log_recv": np.log2(1 + rows["bytes_recv"].to_numpy(float)),
-        "log_home": np.log2(1 + rows["bytes_home"].to_numpy(float)),
+        "home_share": home_share(rows["bytes_home"].to_numpy(float), rows["bytes_sent"].to_numpy(float)),
         "log_moved": np.log2(1 + moved),
         "log_max_moved": np.log2(1 + rows["max_rank_bytes_moved"].to_numpy(float)),
         "imbalance": (rows["max_rank_bytes_moved"].to_numpy(float) + 1) / (mean + 1),
@@ -223,8 +275,15 @@ class CollectiveModel:
 
     def _predict(self, op: str, feats: pd.DataFrame, level: str) -> np.ndarray:
         self._check(op, level)
-        model = self.l2[op] if level == "L2" else self.l3[op]
-        return np.asarray(model.predict(feats), dtype=float)
+        if level == "L2":
+            return np.asarray(self.l2[op].predict(feats), dtype=float)
+        box = self.ranges.get(op, {}).get("features")
+        if not box:
+            return np.asarray(self.l3[op].predict(feats), dtype=float)
+        inside = clip_to_box(feats, box)
+        scale = np.asarray(self.l2[op].predict(feats), dtype=float) / np.maximum(
+            np.asarray(self.l2[op].predict(inside), dtype=float), 1e-12)
+        return np.asarray(self.l3[op].predict(inside), dtype=float) * scale
 
     def predict_all_to_all_s(self, send_bytes: np.ndarray, level: str = "L3") -> np.ndarray:
         """Seconds each rank spends in ``all_to_all_single`` for a [W, W] send matrix (bytes)."""
@@ -271,6 +330,13 @@ class CollectiveModel:
             imb = (moved.max() + 1) / (moved.mean() + 1)
             if imb > r.get("max_imbalance", np.inf) * 1.001:
                 why.append(f"imbalance (max/mean bytes moved) {imb:.2f} exceeds the measured {r['max_imbalance']:.2f}")
+            if op == "all_to_all" and np.ndim(send_bytes) == 2 and r.get("features"):
+                b = all_to_all_bytes(m)
+                feats = rank_features(b["sent"], b["recv"], b["home"], w)
+                why += [f"{FEATURE_WORDS.get(c, c)} {_feature_value(c, v):.3g} lies outside the measured "
+                        f"{_feature_value(c, lo):.3g}..{_feature_value(c, hi):.3g} (L3 follows L2 from the nearest measured "
+                        "call)" for c, (lo, hi), v in _outside(feats, r["features"])
+                        if c not in ("log_moved", "log_max_moved", "imbalance", "world_size")]
         return ("extrapolating " + op + ": " + "; ".join(why)) if why else None
 
     def describe_source(self) -> str:
@@ -325,7 +391,8 @@ def fit_collective_model(frame: pd.DataFrame, fingerprint: dict[str, Any], *, wo
         l3_class[op] = name
         ranges[op] = {"min_bytes_moved": float(part["bytes_moved"].min()),
                       "max_bytes_moved": float(part["bytes_moved"].max()),
-                      "max_imbalance": float(X["imbalance"].max())}
+                      "max_imbalance": float(X["imbalance"].max()),
+                      "features": {c: (float(X[c].min()), float(X[c].max())) for c in X.columns}}
     if not l2:
         raise CollectiveProfileError(f"no op has {_MIN_ROWS} measured rows to fit in {fingerprint.get('source')}")
     sizes = tuple(sorted({int(x) for x in rows["world_size"]}))

@@ -15,7 +15,7 @@ import pytest
 
 from costmodel.collectives import (CollectiveProfileError, CollectiveSpec, CollectiveSpecError, bench_collectives,
                                    load_collective_model, make_latency_bandwidth_model)
-from costmodel.collectives.models import LatencyBandwidth, fit_collective_model
+from costmodel.collectives.models import CollectiveModel, LatencyBandwidth, fit_collective_model, home_share
 from costmodel.collectives.rank import fail_mid_run
 from costmodel.collectives.report import fit_report
 from costmodel.collectives.spec import all_to_all_bytes, check_send_matrix
@@ -142,6 +142,36 @@ def test_latency_bandwidth_model_predicts_the_formula():
     s = np.array([[0, 1e6, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 5e5]])
     np.testing.assert_allclose(model.predict_all_to_all_s(s, level="L2"), 1e-4 + np.array([1e6, 1e6, 0, 0]) / 1e9)
     assert "extrapolating all_to_all" in model.extrapolating(s)
+
+
+class _BlowsUpWithoutHomeBytes:
+    """An L3 stand-in that is sane where measured (home share >= 0.1) and absurd at 0."""
+
+    def predict(self, X):
+        return 1e-3 * 0.1 / np.maximum(X["home_share"].to_numpy(float), 1e-6)
+
+
+def test_l3_outside_the_measured_box_follows_l2_from_the_nearest_measured_call():
+    l2 = make_latency_bandwidth_model(1e-4, 1e9, 2).l2["all_to_all"]
+    box = {"home_share": (0.1, 0.9), "log_moved": (8.0, 25.0)}
+    model = CollectiveModel(world_size=2, backend="gloo", fingerprint={}, l2={"all_to_all": l2},
+                            l3={"all_to_all": _BlowsUpWithoutHomeBytes()}, ranges={"all_to_all": {
+                                "min_bytes_moved": 256.0, "max_bytes_moved": 2.0 ** 25, "max_imbalance": 1.0,
+                                "features": box}})
+    exchange = np.array([[0.0, 4e6], [4e6, 0.0]])  # a halo: nothing kept home
+    # clipped to home share 0.1, where the stand-in answers 1 ms; same bytes moved, so the L2 ratio is 1
+    np.testing.assert_allclose(model.predict_all_to_all_s(exchange, level="L3"), [1e-3, 1e-3])
+    far = np.array([[0.0, 2.0 ** 26], [2.0 ** 26, 0.0]])  # beyond the bytes measured too: carried along L2
+    ratio = l2.predict(np.array([2.0 ** 27])) / l2.predict(np.array([2.0 ** 25 - 1]))
+    np.testing.assert_allclose(model.predict_all_to_all_s(far, level="L3"), np.full(2, 1e-3 * ratio[0]), rtol=1e-6)
+    inside = np.array([[4e6, 4e6], [4e6, 4e6]])  # home share 0.5: the model as fitted
+    np.testing.assert_allclose(model.predict_all_to_all_s(inside, level="L3"), [2e-4, 2e-4])
+    assert "share of a rank's bytes kept home 0 lies outside the measured 0.1..0.9" in model.extrapolating(exchange)
+    assert model.extrapolating(inside) is None
+
+
+def test_home_share_is_bounded_and_zero_without_bytes():
+    np.testing.assert_allclose(home_share([10, 0, 0], [30, 5, 0]), [0.25, 0.0, 0.0])
 
 
 # ----------------------------------------------------------------------------- real runs
