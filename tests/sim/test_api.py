@@ -84,7 +84,9 @@ def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path, busy_gua
     from costmodel.measure.runtime import Runtime
     from sim.predict.calibration import calibrated_model
 
-    suite = [("grid", GemmSpec(m, 32, 32)) for m in (1, 2, 4, 8, 16, 32)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096)]
+    # GEMMs large enough that the 3x-slowed rows stay inside pick_references' 5 us .. 50 ms window on
+    # any machine (32x32 GEMMs of 1-4 rows ran under 2 us on the Intel VM: no reference, no refresh)
+    suite = [("grid", GemmSpec(m, 128, 128)) for m in (8, 16, 32, 64, 128, 256)] + [("grid", SortSpec(n)) for n in (512, 1024, 2048, 4096)]
     rt = Runtime.from_cfg({"device": "cpu", "dtype": "float32", "threads": None, "allocator": "steady", "seed": 0,
                            "profile": {"root": str(tmp_path)},
                            "timing": tiny_timing_section(max_rel_iqr=0.5),
@@ -99,7 +101,7 @@ def test_load_cost_model_refreshes_a_stale_profile_on_request(tmp_path, busy_gua
     frame.to_csv(file, index=False)
     never = load_cost_model(device="cpu", profile_root=tmp_path)  # measures nothing: refits on the changed profile
     assert never.origin == "fitted" and never.profile_hash == profile.content_hash() and not never.freshness
-    kernels = [s for _, s in suite[:3]]
+    kernels = [s for _, s in suite[2:5]]
     model = load_cost_model(device="cpu", profile_root=tmp_path, refresh="auto", tolerance=0.5, kernels=kernels)
     fresh = model.freshness
     assert fresh["refreshed"] and "gemm" in fresh["stale_families"] and fresh["family_ratio"]["gemm"] < 0.67
