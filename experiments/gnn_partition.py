@@ -71,7 +71,8 @@ MAX_REPEATS = 200
 PHASE_COLOURS = {"send": "C0", "halo": "C1", "layer": "C2"}
 #: ``partition.collective_suite: quick``: the all-to-all alone at 5 sizes (tiny runs, tests);
 #: ``full``: conf/suite/collectives.yaml as it is (every op, about a minute at W=2)
-QUICK_SUITE = {"ops": ["all_to_all"], "all_to_all": {"peer_share": [0.5, 1.0]}, "sizes": {"min_bytes": 256, "max_bytes": 4194304, "count": 5},
+QUICK_SUITE = {"ops": ["all_to_all"], "all_to_all": {"peer_share": [0.5, 1.0]},
+               "sizes": {"min_bytes": 256, "max_bytes": 4194304, "count": 5},
                "timing": {"warmup": 2, "min_repeats": 5, "max_repeats": 15, "budget_s": 0.1}, "timeout_s": 300}
 SUITE_FILE = Path(__file__).resolve().parents[1] / "conf" / "suite" / "collectives.yaml"
 

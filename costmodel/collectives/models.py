@@ -13,13 +13,13 @@ so 256 B calls weigh as much as 16 MiB ones (plain least squares would let the l
 sizes set alpha).
 
 L3: a scikit-learn regressor per op on log seconds, features per rank (``rank_features``):
-log2 bytes sent and received, the share kept home (``home_share``), log2 bytes moved, the max over ranks of bytes moved, the
-imbalance max/mean of bytes moved, and the world size. Candidate classes (``CANDIDATES``),
-chosen per op by grouped cross-validation with groups = the suite's message size (a size is
-never both trained and scored; score: mean |log(pred / measured)|): ridge on the residual
-over L2 in log space at two strengths (extrapolates like L2), quadratic ridge, shallow
-gradient boosting, and the L2 line itself (so a profile whose extra features only carry noise
-gets L2 back rather than a worse fit).
+log2 bytes sent and received, the share kept home (``home_share``), log2 bytes moved, the
+max over ranks of bytes moved, the imbalance max/mean of bytes moved, and the world size.
+Candidate classes (``CANDIDATES``), chosen per op by grouped cross-validation with groups =
+the suite's message size (a size is never both trained and scored; score: mean
+|log(pred / measured)|): ridge on the residual over L2 in log space at two strengths
+(extrapolates like L2), quadratic ridge, shallow gradient boosting, and the L2 line itself
+(so a profile whose extra features only carry noise gets L2 back rather than a worse fit).
 
 L3 never extrapolates on its own: a call whose features lie outside the box the op was
 measured over (``ranges[op]["features"]``: each feature's min and max) is predicted at the
@@ -88,6 +88,8 @@ def rank_features(sent, recv, home, world_size) -> pd.DataFrame:
     })
 
 
+#: features ``extrapolating`` reports through its own checks (world size, bytes moved, imbalance)
+ALREADY_CHECKED = ("log_moved", "log_max_moved", "imbalance", "world_size")
 #: how ``extrapolating`` names a feature (log2(1 + bytes) features are reported in bytes)
 FEATURE_WORDS = {"log_sent": "bytes sent per rank", "log_recv": "bytes received per rank",
                  "home_share": "share of a rank's bytes kept home", "log_moved": "bytes moved per rank",
@@ -306,11 +308,14 @@ class CollectiveModel:
 
     def extrapolating(self, send_bytes, op: str = "all_to_all") -> str | None:
         """A sentence when the call lies outside what was measured (world size, bytes moved per
-        rank, imbalance), else None. ``send_bytes``: a [W, W] matrix, or n for ``op``."""
+        rank, imbalance, and for a send matrix the share kept home), else None. ``send_bytes``:
+        a [W, W] matrix, or n for ``op``."""
+        matrix_bytes = None
         if op == "all_to_all" and np.ndim(send_bytes) == 2:
             m = check_send_matrix(send_bytes)
             w = m.shape[0]
-            moved = all_to_all_bytes(m)["moved"]
+            matrix_bytes = all_to_all_bytes(m)
+            moved = matrix_bytes["moved"]
         else:
             n = check_bytes(send_bytes, field_name="send_bytes")
             w = self.world_size
@@ -330,13 +335,13 @@ class CollectiveModel:
             imb = (moved.max() + 1) / (moved.mean() + 1)
             if imb > r.get("max_imbalance", np.inf) * 1.001:
                 why.append(f"imbalance (max/mean bytes moved) {imb:.2f} exceeds the measured {r['max_imbalance']:.2f}")
-            if op == "all_to_all" and np.ndim(send_bytes) == 2 and r.get("features"):
-                b = all_to_all_bytes(m)
+            if matrix_bytes is not None and r.get("features"):
+                b = matrix_bytes
                 feats = rank_features(b["sent"], b["recv"], b["home"], w)
                 why += [f"{FEATURE_WORDS.get(c, c)} {_feature_value(c, v):.3g} lies outside the measured "
-                        f"{_feature_value(c, lo):.3g}..{_feature_value(c, hi):.3g} (L3 follows L2 from the nearest measured "
-                        "call)" for c, (lo, hi), v in _outside(feats, r["features"])
-                        if c not in ("log_moved", "log_max_moved", "imbalance", "world_size")]
+                        f"{_feature_value(c, lo):.3g}..{_feature_value(c, hi):.3g} (L3 follows L2 from the nearest "
+                        "measured call)" for c, (lo, hi), v in _outside(feats, r["features"])
+                        if c not in ALREADY_CHECKED]
         return ("extrapolating " + op + ": " + "; ".join(why)) if why else None
 
     def describe_source(self) -> str:
