@@ -56,6 +56,7 @@ from sklearn.utils.validation import check_is_fitted
 from costmodel.collectives.spec import (OPS, CollectiveSpecError, all_to_all_bytes, bus_factor, check_bytes,
                                         check_send_matrix, check_world_size, uniform_send_matrix)
 from costmodel.collectives.store import CollectiveProfile, CollectiveProfileError, folder_for
+from costmodel.model.feature_ranges import clip_to_ranges, outside_masks
 
 LEVELS = ("L2", "L3")
 FEATURES = ("log_sent", "log_recv", "home_share", "log_moved", "log_max_moved", "imbalance", "world_size")
@@ -101,26 +102,14 @@ def _feature_value(column: str, value: float) -> float:
     return float(np.exp2(value) - 1) if column.startswith("log_") else float(value)
 
 
-def clip_to_box(feats: pd.DataFrame, box: dict[str, tuple[float, float]]) -> pd.DataFrame:
-    """``feats`` with every column of ``box`` clipped into its [min, max]."""
-    out = feats.copy()
-    for c, (lo, hi) in box.items():
-        if c in out:
-            out[c] = out[c].clip(lo, hi)
-    return out
-
-
 def _outside(feats: pd.DataFrame, box: dict[str, tuple[float, float]]) -> list[tuple[str, tuple[float, float], float]]:
     """(column, measured range, the farthest value outside it) for each column of ``feats`` beyond ``box``."""
     out = []
-    for c, (lo, hi) in box.items():
-        if c not in feats:
-            continue
-        v = feats[c].to_numpy(float)
-        span = max(hi - lo, 1e-9)
-        below, above = v.min() < lo - 1e-6 * span, v.max() > hi + 1e-6 * span
-        if below or above:
-            out.append((c, (lo, hi), float(v.min() if below else v.max())))
+    for c, mask in outside_masks(feats, box, rel_tol=1e-6, abs_tol=1e-15).items():
+        if mask.any():
+            lo, hi = box[c]
+            v = feats[c].to_numpy(float)
+            out.append((c, (lo, hi), float(v.min() if v.min() < lo else v.max())))
     return out
 
 
@@ -282,7 +271,7 @@ class CollectiveModel:
         box = self.ranges.get(op, {}).get("features")
         if not box:
             return np.asarray(self.l3[op].predict(feats), dtype=float)
-        inside = clip_to_box(feats, box)
+        inside = clip_to_ranges(feats, box)
         scale = np.asarray(self.l2[op].predict(feats), dtype=float) / np.maximum(
             np.asarray(self.l2[op].predict(inside), dtype=float), 1e-12)
         return np.asarray(self.l3[op].predict(inside), dtype=float) * scale

@@ -39,6 +39,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
 from costmodel.families.descriptor import families
+from costmodel.model.feature_ranges import outside_masks
 from costmodel.model.features import family_features, range_features, roofline_time_s
 
 MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median efficiency
@@ -455,12 +456,7 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
 
     def _outside(self, family: str, feats: pd.DataFrame) -> dict[str, np.ndarray]:
         """Per range feature, which rows lie outside the fitted range (2% of it as tolerance)."""
-        out = {}
-        for name, (lo, hi) in self.feature_ranges_.get(family, {}).items():
-            values = feats[name].to_numpy()
-            tol = 1e-9 + 0.02 * (hi - lo)
-            out[name] = (values < lo - tol) | (values > hi + tol)
-        return out
+        return outside_masks(feats, self.feature_ranges_.get(family, {}), rel_tol=0.02, abs_tol=1e-9)
 
     def _warn_out_of_range(self, family: str, feats: pd.DataFrame) -> None:
         for name, outside in self._outside(family, feats).items():
