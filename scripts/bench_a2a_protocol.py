@@ -1,0 +1,105 @@
+"""How long a gloo all-to-all takes depends on what the ranks did just before it.
+
+The collective profile (``python -m costmodel bench suite=collectives``) times each call
+warm and back to back: barrier, call. Inside an expert-parallel step the all-to-all follows
+a cache eviction (the cold-cache protocol), the router's kernels and the dispatch's local
+prep. This benchmark times the same uniform all-to-all on two pinned gloo ranks under
+several protocols, so the gap between the profile and the layer can be read per cause:
+
+- ``warm``: barrier, call (the collective profile's protocol);
+- ``evict``: cache eviction (``costmodel.measure.timing.evict_caches``), barrier, call;
+- ``compute``: barrier, ``compute_ms`` of GEMMs on every rank, call (no barrier between:
+  the ranks arrive together as a balanced step's do);
+- ``evict_compute``: eviction, barrier, the GEMMs, call (the EP step's order);
+- ``counts_then_rows``: eviction, barrier, the GEMMs, a [W] int64 all-to-all, then the rows
+  (the dispatch phase's two exchanges; the time is both).
+
+Per protocol and size it prints the median, p75, p90 and max over the repeats of the slowest
+rank's seconds in the call. Run alone (it measures):
+
+    .venv/bin/python scripts/bench_a2a_protocol.py --repeats 41
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+PROTOCOLS = ("warm", "evict", "compute", "evict_compute", "counts_then_rows")
+
+
+def _rank(rank: int, world_size: int, sizes: list[int], repeats: int, compute_ms: float,
+          evict_bytes: int) -> dict[str, Any]:
+    from costmodel.measure.allocator import configure_allocator
+    from costmodel.measure.timing import TimingConfig, evict_caches
+
+    configure_allocator("steady")
+    cfg = TimingConfig(cpu_evict_bytes=evict_bytes)
+    a = torch.randn(256, 256)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        torch.mm(a, a)
+    gemms = max(1, int(compute_ms * 1e-3 / ((time.perf_counter() - t0) / 10)))
+    counts_in, counts_out = torch.ones(world_size, dtype=torch.int64), torch.empty(world_size, dtype=torch.int64)
+    out: dict[str, Any] = {"gemms": gemms}
+    for size in sizes:
+        per_peer = size // 4 // world_size
+        inp, res = torch.ones(per_peer * world_size), torch.empty(per_peer * world_size)
+
+        def call() -> None:
+            dist.all_to_all_single(res, inp)
+
+        for proto in PROTOCOLS:
+            times = []
+            for i in range(repeats + 2):  # two untimed warm-ups
+                if proto in ("evict", "evict_compute", "counts_then_rows"):
+                    evict_caches(torch.device("cpu"), cfg)
+                dist.barrier()
+                if proto == "warm" or proto == "evict":
+                    start = time.perf_counter()
+                    call()
+                else:
+                    for _ in range(gemms):
+                        torch.mm(a, a)
+                    start = time.perf_counter()
+                    if proto == "counts_then_rows":
+                        dist.all_to_all_single(counts_out, counts_in)
+                    call()
+                elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                if i >= 2:
+                    times.append(float(elapsed.item()))
+            out[(proto, size)] = np.asarray(times)
+    return out
+
+
+def main() -> None:
+    from costmodel.collectives.workers import run_workers
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[32768, 1048576], help="bytes per rank (all peers)")
+    ap.add_argument("--repeats", type=int, default=41)
+    ap.add_argument("--compute-ms", type=float, default=2.0)
+    ap.add_argument("--evict-bytes", type=int, default=128 * 1024 * 1024)
+    args = ap.parse_args()
+    if not 3 <= args.repeats <= 1000:
+        raise SystemExit(f"--repeats must be in [3, 1000], got {args.repeats}")
+    run = run_workers(2, _rank, (args.sizes, args.repeats, args.compute_ms, args.evict_bytes), timeout_s=900,
+                      placement="require")
+    res = run.results[0]
+    print(f"2 gloo ranks, {run.note}; compute = {res['gemms']} GEMMs 256^3 (~{args.compute_ms} ms)")
+    print(f"{'protocol':<18}{'bytes':>10}{'median us':>11}{'p75 us':>9}{'p90 us':>9}{'max us':>9}")
+    for size in args.sizes:
+        for proto in PROTOCOLS:
+            t = res[(proto, size)] * 1e6
+            q = np.percentile(t, [50, 75, 90])
+            print(f"{proto:<18}{size:>10}{q[0]:>11.0f}{q[1]:>9.0f}{q[2]:>9.0f}{t.max():>9.0f}")
+
+
+if __name__ == "__main__":
+    main()
