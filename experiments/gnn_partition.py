@@ -73,7 +73,10 @@ PHASE_COLOURS = {"send": "C0", "halo": "C1", "layer": "C2"}
 #: ``full``: conf/suite/collectives.yaml as it is (every op, about a minute at W=2)
 QUICK_SUITE = {"ops": ["all_to_all"], "all_to_all": {"peer_share": [0.5, 1.0]},
                "sizes": {"min_bytes": 256, "max_bytes": 4194304, "count": 5},
-               "timing": {"warmup": 2, "min_repeats": 5, "max_repeats": 15, "budget_s": 0.1}, "timeout_s": 300}
+               "timing": {"warmup": 2, "min_repeats": 5, "max_repeats": 15, "budget_s": 0.1},
+               "step": {"repeats": 15}, "timeout_s": 300}
+#: the halo exchange follows an eviction, a barrier and the send gather: the collectives as a step makes them
+PROTOCOL = "step"
 SUITE_FILE = Path(__file__).resolve().parents[1] / "conf" / "suite" / "collectives.yaml"
 
 
@@ -204,10 +207,17 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
 
     root = rt.profile_root
     try:
-        cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, measure_if_missing=False)
-        return cm, f"collective profile {cm.describe_source()}"
+        cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, measure_if_missing=False,
+                                   protocol=PROTOCOL)
+        return cm, f"collective profile {cm.describe_source()}, {PROTOCOL} protocol"
     except CollectiveProfileError as err:
         if not measuring:
+            try:
+                cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, protocol="warm")
+                return cm, (f"collective profile {cm.describe_source()}, its warm rows (no {PROTOCOL!r} rows: "
+                            "measured before that protocol)")
+            except CollectiveProfileError:
+                pass
             try:
                 base = load_collective_model(world_size=2, backend=BACKEND, profile_root=root, measure_if_missing=False)
             except CollectiveProfileError:
@@ -223,10 +233,12 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
         spec: Any = str(SUITE_FILE)
     else:
         spec = QUICK_SUITE
-    console.print(f"no collective profile for {BACKEND} W={W} here: measuring the {suite} collectives suite first")
+    console.print(f"no collective profile with {PROTOCOL}-protocol rows for {BACKEND} W={W} here: measuring the "
+                  f"{suite} collectives suite first")
     bench_collectives(W, spec, profile_root=root, backend=BACKEND, progress=bool(True))
-    cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, measure_if_missing=False)
-    return cm, f"collective profile {cm.describe_source()} (measured by this run, {suite} suite)"
+    cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, measure_if_missing=False,
+                               protocol=PROTOCOL)
+    return cm, f"collective profile {cm.describe_source()} (measured by this run, {suite} suite), {PROTOCOL} protocol"
 
 
 # ----------------------------------------------------------------------------- run

@@ -8,13 +8,17 @@ several protocols, so the gap between the profile and the layer can be read per 
 
 - ``warm``: barrier, call (the collective profile's protocol);
 - ``evict``: cache eviction (``costmodel.measure.timing.evict_caches``), barrier, call;
+- ``evict_lead``: eviction, barrier, ``lead_ms`` of GEMMs (an EP step's router and dispatch
+  prep before its first all-to-all), call;
+- ``evict_lead_skew``: as ``evict_lead``, rank 1 doing ``skew_ms`` more GEMMs (the ranks
+  arrive apart, as a layer's ranks do when their local work differs);
 - ``compute``: barrier, ``compute_ms`` of GEMMs on every rank, call (no barrier between:
   the ranks arrive together as a balanced step's do);
 - ``evict_compute``: eviction, barrier, the GEMMs, call (the EP step's order);
 - ``counts_then_rows``: eviction, barrier, the GEMMs, a [W] int64 all-to-all, then the rows
   (the dispatch phase's two exchanges; the time is both).
 
-Per protocol and size it prints the median, p75, p90 and max over the repeats of the slowest
+Per protocol and size it prints the median, p75, p90, max and mean over the repeats of the slowest
 rank's seconds in the call. Run alone (it measures):
 
     .venv/bin/python scripts/bench_a2a_protocol.py --repeats 41
@@ -30,11 +34,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-PROTOCOLS = ("warm", "evict", "compute", "evict_compute", "counts_then_rows")
+PROTOCOLS = ("warm", "evict", "evict_lead", "evict_lead_skew", "compute", "evict_compute", "counts_then_rows")
 
 
 def _rank(rank: int, world_size: int, sizes: list[int], repeats: int, compute_ms: float,
-          evict_bytes: int) -> dict[str, Any]:
+          evict_bytes: int, lead_ms: float, skew_ms: float) -> dict[str, Any]:
     from costmodel.measure.allocator import configure_allocator
     from costmodel.measure.timing import TimingConfig, evict_caches
 
@@ -44,7 +48,10 @@ def _rank(rank: int, world_size: int, sizes: list[int], repeats: int, compute_ms
     t0 = time.perf_counter()
     for _ in range(10):
         torch.mm(a, a)
-    gemms = max(1, int(compute_ms * 1e-3 / ((time.perf_counter() - t0) / 10)))
+    per_gemm_s = (time.perf_counter() - t0) / 10
+    gemms = max(1, int(compute_ms * 1e-3 / per_gemm_s))
+    lead = max(1, int(lead_ms * 1e-3 / per_gemm_s))
+    skewed = lead + (int(skew_ms * 1e-3 / per_gemm_s) if rank == 1 else 0)
     counts_in, counts_out = torch.ones(world_size, dtype=torch.int64), torch.empty(world_size, dtype=torch.int64)
     out: dict[str, Any] = {"gemms": gemms}
     for size in sizes:
@@ -57,14 +64,15 @@ def _rank(rank: int, world_size: int, sizes: list[int], repeats: int, compute_ms
         for proto in PROTOCOLS:
             times = []
             for i in range(repeats + 2):  # two untimed warm-ups
-                if proto in ("evict", "evict_compute", "counts_then_rows"):
+                if proto in ("evict", "evict_lead", "evict_lead_skew", "evict_compute", "counts_then_rows"):
                     evict_caches(torch.device("cpu"), cfg)
                 dist.barrier()
                 if proto == "warm" or proto == "evict":
                     start = time.perf_counter()
                     call()
                 else:
-                    for _ in range(gemms):
+                    n = {"evict_lead": lead, "evict_lead_skew": skewed}.get(proto, gemms)
+                    for _ in range(n):
                         torch.mm(a, a)
                     start = time.perf_counter()
                     if proto == "counts_then_rows":
@@ -85,20 +93,22 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[32768, 1048576], help="bytes per rank (all peers)")
     ap.add_argument("--repeats", type=int, default=41)
     ap.add_argument("--compute-ms", type=float, default=2.0)
+    ap.add_argument("--lead-ms", type=float, default=0.3, help="GEMM time before the call in evict_lead")
+    ap.add_argument("--skew-ms", type=float, default=0.5, help="rank 1's extra GEMM time in evict_lead_skew")
     ap.add_argument("--evict-bytes", type=int, default=128 * 1024 * 1024)
     args = ap.parse_args()
     if not 3 <= args.repeats <= 1000:
         raise SystemExit(f"--repeats must be in [3, 1000], got {args.repeats}")
-    run = run_workers(2, _rank, (args.sizes, args.repeats, args.compute_ms, args.evict_bytes), timeout_s=900,
+    run = run_workers(2, _rank, (args.sizes, args.repeats, args.compute_ms, args.evict_bytes, args.lead_ms, args.skew_ms), timeout_s=900,
                       placement="require")
     res = run.results[0]
     print(f"2 gloo ranks, {run.note}; compute = {res['gemms']} GEMMs 256^3 (~{args.compute_ms} ms)")
-    print(f"{'protocol':<18}{'bytes':>10}{'median us':>11}{'p75 us':>9}{'p90 us':>9}{'max us':>9}")
+    print(f"{'protocol':<18}{'bytes':>10}{'median us':>11}{'p75 us':>9}{'p90 us':>9}{'max us':>9}{'mean us':>9}")
     for size in args.sizes:
         for proto in PROTOCOLS:
             t = res[(proto, size)] * 1e6
             q = np.percentile(t, [50, 75, 90])
-            print(f"{proto:<18}{size:>10}{q[0]:>11.0f}{q[1]:>9.0f}{q[2]:>9.0f}{t.max():>9.0f}")
+            print(f"{proto:<18}{size:>10}{q[0]:>11.0f}{q[1]:>9.0f}{q[2]:>9.0f}{t.max():>9.0f}{t.mean():>9.0f}")
 
 
 if __name__ == "__main__":

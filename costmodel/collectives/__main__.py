@@ -1,11 +1,14 @@
 """Command line: ``python -m costmodel.collectives bench|fit key=value ...``.
 
     python -m costmodel.collectives bench world_size=2 [suite=collectives] [profile_root=profiles]
-                                          [allow_oversubscribe=false] [port=29500]
-    python -m costmodel.collectives fit [world_size=2] [backend=gloo] [profile_root=profiles]
+                                          [allow_oversubscribe=false] [port=29500] [threads=1]
+    python -m costmodel.collectives fit [world_size=2] [backend=gloo] [profile_root=profiles] [threads=1]
 
 ``suite`` is a name under conf/suite/ or a path to a yaml. ``fit`` prints the fitted L2
 parameters, the L3 class per op and the held-out report (docs/collectives.md).
+``threads`` and the steady allocator name the device profile the collectives sit under: the
+one the multi-rank experiments read (they run ``threads: 1``, the steady allocator), so
+what this command measures is what they use.
 """
 
 from __future__ import annotations
@@ -16,8 +19,24 @@ from pathlib import Path
 from costmodel.cli.key_values import int_arg, parse_key_values
 
 USAGE = __doc__.split("\n\n")[1]
-ALLOWED = {"bench": {"world_size", "suite", "profile_root", "allow_oversubscribe", "port", "timeout_s"},
-           "fit": {"world_size", "backend", "profile_root"}}
+ALLOWED = {"bench": {"world_size", "suite", "profile_root", "allow_oversubscribe", "port", "timeout_s", "threads"},
+           "fit": {"world_size", "backend", "profile_root", "threads"}}
+
+
+def _as_the_experiments_run(args: dict[str, str]) -> None:
+    """This process's threads and allocator as the multi-rank experiments set them, so the
+    device fingerprint (and the collective profile's folder) is theirs."""
+    import torch
+
+    from costmodel.collectives.workers import usable_cores
+    from costmodel.measure.allocator import configure_allocator
+
+    n = len(usable_cores())
+    threads = int_arg(args, "threads", 1)
+    if not 1 <= threads <= n:
+        raise SystemExit(f"threads must be an integer in [1, {n}] (the cores this process may use), got {threads}")
+    torch.set_num_threads(threads)
+    configure_allocator("steady")
 
 
 def _parse(cmd: str, argv: list[str]) -> dict[str, str]:
@@ -52,6 +71,7 @@ def _main(argv: list[str] | None = None) -> int:
         return 2
     cmd, args = argv[0], _parse(argv[0], argv[1:])
     root = args.get("profile_root", "profiles")
+    _as_the_experiments_run(args)
     if cmd == "bench":
         from costmodel.collectives.bench import bench_collectives
         w = int_arg(args, "world_size", None)

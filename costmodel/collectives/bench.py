@@ -7,9 +7,10 @@ pinned one core per rank), lets each rank time every collective of the suite
 (``costmodel.collectives.rank``), combines the ranks' times and appends one row per
 (collective, rank) to the collective profile (``costmodel.collectives.store``).
 
-Statistics per collective: per rank, the median and IQR of its per-repeat seconds; across
-ranks, the max over ranks of each repeat (the step-relevant time: a synchronous step waits
-for its slowest rank), its median and IQR. A rank whose IQR/median exceeds ``MAX_REL_IQR``
+Statistics per collective and timing protocol (``warm``, and ``step`` where the suite has a
+step section: ``costmodel.collectives.rank``): per rank, the median, mean and IQR of its
+per-repeat seconds; across ranks, the max over ranks of each repeat (the step-relevant time:
+a synchronous step waits for its slowest rank), its median, mean and IQR. A rank whose IQR/median exceeds ``MAX_REL_IQR``
 (0.1, torch.utils.benchmark's warning threshold) has its row marked ``noisy``; nothing is
 retried, the flag says so instead of hiding it.
 """
@@ -52,7 +53,7 @@ class BenchResult:
 
 
 def combine(spec: CollectiveSpec, times_by_rank: list[np.ndarray], *, run_id: str, suite: str, warmup: int,
-            measured_at: str) -> list[dict[str, Any]]:
+            measured_at: str, protocol: str = "warm") -> list[dict[str, Any]]:
     """One row per rank: the rank's statistics and the max-over-ranks statistics."""
     repeats = min(len(t) for t in times_by_rank)
     stacked = np.stack([t[:repeats] for t in times_by_rank])  # [W, repeats]
@@ -65,14 +66,17 @@ def combine(spec: CollectiveSpec, times_by_rank: list[np.ndarray], *, run_id: st
         q1, med, q3 = np.percentile(stacked[r], [25, 50, 75])
         rows.append({
             "run_id": run_id, "measured_at": measured_at, "suite": suite, "key": spec.key(), "op": spec.op,
-            "pattern": spec.pattern, "world_size": spec.world_size, "backend": spec.backend, "dtype": spec.dtype,
+            "pattern": spec.pattern, "protocol": protocol, "world_size": spec.world_size, "backend": spec.backend,
+            "dtype": spec.dtype,
             "rank": r, "nominal_bytes": spec.nominal_bytes, "message_bytes": spec.message_bytes,
             "send_matrix": send_matrix, "bytes_sent": float(b["sent"][r]), "bytes_recv": float(b["recv"][r]),
             "bytes_moved": float(b["moved"][r]), "bytes_home": float(b["home"][r]),
             "max_rank_bytes_moved": float(b["moved"].max()), "warmup": warmup, "repeats": repeats,
-            "median_s": float(med), "iqr_s": float(q3 - q1), "min_s": float(stacked[r].min()),
+            "median_s": float(med), "mean_s": float(stacked[r].mean()), "iqr_s": float(q3 - q1),
+            "min_s": float(stacked[r].min()),
             "rel_iqr": float((q3 - q1) / med) if med > 0 else 0.0, "noisy": bool((q3 - q1) / med > MAX_REL_IQR),
-            "max_over_ranks_median_s": float(wmed), "max_over_ranks_iqr_s": float(wq3 - wq1),
+            "max_over_ranks_median_s": float(wmed), "max_over_ranks_mean_s": float(worst.mean()),
+            "max_over_ranks_iqr_s": float(wq3 - wq1),
         })
     return rows
 
@@ -115,13 +119,17 @@ def bench_collectives(world_size: int, suite_path: str | Path | dict = DEFAULT_S
         from contextlib import nullcontext
         ctx = nullcontext()
     with ctx:
-        run = run_workers(w, fn, (items, suite.timing, progress), timeout_s=timeout_s or suite.timeout_s,
+        run = run_workers(w, fn, (items, suite.timing, progress, suite.step), timeout_s=timeout_s or suite.timeout_s,
                           backend=backend, port=port, placement=placement_policy)
     wall = time.monotonic() - start
     rows: list[dict[str, Any]] = []
     for i, spec in enumerate(suite.specs):
-        rows += combine(spec, [run.results[r][i] for r in range(w)], run_id=run_id, suite=suite.name,
-                        warmup=int(suite.timing["warmup"]), measured_at=measured_at)
+        per_rank = [run.results[r][i] for r in range(w)]
+        protocols = {"warm": per_rank} if suite.step is None else {"warm": [p[0] for p in per_rank],
+                                                                  "step": [p[1] for p in per_rank]}
+        for protocol, times in protocols.items():
+            rows += combine(spec, times, run_id=run_id, suite=suite.name, warmup=int(suite.timing["warmup"]),
+                            measured_at=measured_at, protocol=protocol)
     total = profile.append(rows)
     if progress:
         print(f"collectives: {len(rows)} rows added ({total} in all) in {wall:.1f} s -> "

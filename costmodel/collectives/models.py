@@ -29,6 +29,11 @@ fitted over calls that all keep some bytes home answered a pure exchange (nothin
 halo pattern of a partitioned GNN layer) 17x too fast. ``extrapolating`` names every feature
 outside the box.
 
+One model per timing protocol (``costmodel.collectives.suite``): ``warm`` fits each row's
+median over calls made back to back; ``step`` fits the mean of calls made as a layer's step
+makes them (after an eviction, a barrier and local work), the statistic that adds up when a
+step holds several calls with a heavy tail. A step of a multi-rank layer asks for ``step``.
+
 ``CollectiveModel`` answers per-rank seconds for a send matrix or an (op, bytes) pair;
 ``load_collective_model`` fits one from this host's collective profile;
 ``make_latency_bandwidth_model`` builds an L2-only model from given alpha and beta (tests,
@@ -59,6 +64,8 @@ from costmodel.collectives.store import CollectiveProfile, CollectiveProfileErro
 from costmodel.model.feature_ranges import clip_to_ranges, outside_masks
 
 LEVELS = ("L2", "L3")
+#: the statistic each timing protocol's rows are fitted on
+TARGETS = {"warm": "median_s", "step": "mean_s"}
 FEATURES = ("log_sent", "log_recv", "home_share", "log_moved", "log_max_moved", "imbalance", "world_size")
 _MIN_ROWS = 3  # an op with fewer rows has no fit
 
@@ -252,6 +259,7 @@ class CollectiveModel:
     l3_class: dict[str, str] = field(default_factory=dict)  # per op: the chosen candidate's name
     ranges: dict[str, dict[str, float]] = field(default_factory=dict)  # per op: measured min/max
     measured_world_sizes: tuple[int, ...] = ()
+    protocol: str = "warm"  # the timing protocol of the rows it was fitted on (TARGETS)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -363,22 +371,33 @@ def make_latency_bandwidth_model(alpha_s: float, beta_bytes_per_s: float, world_
 # ----------------------------------------------------------------------------- fitting
 
 
-def training_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    """Profile rows usable for fitting (positive medians), with a ``group`` column (message size)."""
-    rows = frame[frame["median_s"] > 0].copy()
+def check_protocol(protocol: object) -> str:
+    if protocol not in TARGETS:
+        raise CollectiveSpecError(f"protocol must be one of {list(TARGETS)}, got {protocol!r}")
+    return str(protocol)
+
+
+def training_rows(frame: pd.DataFrame, protocol: str = "warm") -> pd.DataFrame:
+    """Profile rows of ``protocol`` usable for fitting (a positive statistic), with ``target_s``
+    (the protocol's statistic, ``TARGETS``) and ``group`` (message size) columns."""
+    target = TARGETS[check_protocol(protocol)]
+    kind = frame["protocol"] if "protocol" in frame else pd.Series("warm", index=frame.index)
+    stat = pd.to_numeric(frame[target], errors="coerce") if target in frame else pd.Series(np.nan, index=frame.index)
+    rows = frame[(kind == protocol) & (stat > 0)].copy()
+    rows["target_s"] = stat[rows.index].astype(float)
     rows["group"] = rows["nominal_bytes"].astype(float)
     return rows.reset_index(drop=True)
 
 
 def fit_collective_model(frame: pd.DataFrame, fingerprint: dict[str, Any], *, world_size: int,
-                         backend: str = "gloo") -> CollectiveModel:
-    """L2 and L3 per op from profile rows (``CollectiveProfile.measurements()``)."""
-    rows = training_rows(frame)
+                         backend: str = "gloo", protocol: str = "warm") -> CollectiveModel:
+    """L2 and L3 per op from profile rows (``CollectiveProfile.measurements()``) of ``protocol``."""
+    rows = training_rows(frame, protocol)
     l2, l3, l3_class, ranges = {}, {}, {}, {}
     for op, part in rows.groupby("op"):
         if len(part) < _MIN_ROWS:
             continue
-        X, y = frame_features(part), part["median_s"].to_numpy(float)
+        X, y = frame_features(part), part["target_s"].to_numpy(float)
         l2[op] = LatencyBandwidth().fit(X, y)
         name, _ = select_l3(X, y, part["group"].to_numpy())
         l3[op] = clone(candidates()[name]).fit(X, y)
@@ -388,10 +407,18 @@ def fit_collective_model(frame: pd.DataFrame, fingerprint: dict[str, Any], *, wo
                       "max_imbalance": float(X["imbalance"].max()),
                       "features": {c: (float(X[c].min()), float(X[c].max())) for c in X.columns}}
     if not l2:
-        raise CollectiveProfileError(f"no op has {_MIN_ROWS} measured rows to fit in {fingerprint.get('source')}")
+        raise CollectiveProfileError(f"no op has {_MIN_ROWS} measured rows of the {protocol!r} protocol to fit in "
+                                     f"{fingerprint.get('source')}" + (" (a profile measured before the step protocol: "
+                                     "measure it again with python -m costmodel.collectives bench)"
+                                     if protocol != "warm" else ""))
     sizes = tuple(sorted({int(x) for x in rows["world_size"]}))
     return CollectiveModel(world_size=world_size, backend=backend, fingerprint=fingerprint, l2=l2, l3=l3,
-                           l3_class=l3_class, ranges=ranges, measured_world_sizes=sizes)
+                           l3_class=l3_class, ranges=ranges, measured_world_sizes=sizes, protocol=protocol)
+
+
+def has_protocol(path: str | Path, protocol: str) -> bool:
+    """Whether the collective profile at ``path`` holds rows of ``protocol``."""
+    return bool((CollectiveProfile.load(path).measurements()["protocol"] == check_protocol(protocol)).any())
 
 
 def find_profile(world_size: int, backend: str, profile_root: str | Path, dtype: str = "float32") -> Path:
@@ -419,32 +446,42 @@ def find_profile(world_size: int, backend: str, profile_root: str | Path, dtype:
 
 
 def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_root: str | Path = "profiles",
-                          measure_if_missing: bool = False, *, dtype: str = "float32") -> CollectiveModel:
-    """Fit L2 and L3 from this host's collective profile for (``world_size``, ``backend``).
+                          measure_if_missing: bool = False, *, dtype: str = "float32",
+                          protocol: str = "warm") -> CollectiveModel:
+    """Fit L2 and L3 from this host's collective profile for (``world_size``, ``backend``),
+    on its rows of ``protocol`` (``warm``: calls back to back; ``step``: calls inside a step).
 
-    Missing profile: ``CollectiveProfileError`` naming the folder and the bench command, or,
-    with ``measure_if_missing``, the default suite is measured first (about half a minute at
-    W=2). The fit (seconds) is kept in memory until the profile's file changes.
+    Missing profile, or one without rows of ``protocol``: ``CollectiveProfileError`` naming the
+    folder and the bench command, or, with ``measure_if_missing``, the default suite is
+    measured first (about a minute and a half at W=2; rows are added, none replaced). The fit
+    (seconds) is kept in memory until the profile's file changes.
     """
     w = check_world_size(world_size)
+    check_protocol(protocol)
     try:
         path = find_profile(w, backend, profile_root, dtype)
+        if not has_protocol(path, protocol):
+            raise CollectiveProfileError(
+                f"the collective profile {path} holds no rows of the {protocol!r} timing protocol (measured before "
+                f"it existed); measure it again with: python -m costmodel.collectives bench world_size={w} "
+                f"profile_root={profile_root}")
     except CollectiveProfileError:
         if not measure_if_missing:
             raise
         from costmodel.collectives.bench import bench_collectives
         path = bench_collectives(w, profile_root=profile_root, backend=backend).path
     stat = (Path(path) / "measurements.csv").stat()
-    key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size, w, backend)
+    key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size, w, backend, protocol)
     if key not in _FITTED:  # a refit costs seconds (class selection); the file decides when it is stale
         profile = CollectiveProfile.load(path)
         fp = {**profile.fingerprint, "source": str(path)}
         _FITTED.clear()
-        _FITTED[key] = fit_collective_model(profile.measurements(), fp, world_size=w, backend=backend)
+        _FITTED[key] = fit_collective_model(profile.measurements(), fp, world_size=w, backend=backend,
+                                            protocol=protocol)
     return _FITTED[key]
 
 
-#: the last model fitted in this process, keyed by its profile file's path, mtime and size
+#: the last model fitted in this process, keyed by its profile file's path, mtime and size, and the protocol
 #: (an in-memory cache only: fitted models are derived data, never pickled)
 _FITTED: dict[tuple, CollectiveModel] = {}
 

@@ -15,8 +15,15 @@ Per item (a plain dict: op, dtype, element counts), every rank:
    ``perf_counter() - t0``: the seconds this rank spends in the call, waits for slower
    peers included (as the rank would in a real step).
 
-It returns its own per-repeat times for every item; the parent combines ranks (per-rank
-median and IQR, the max over ranks per repeat). Rank 0 prints one progress line per item.
+With ``step`` (the suite's step protocol: repeats, evict_bytes, lead_s) every item is then
+timed ``repeats`` more times as a layer's step makes the call: a write of ``evict_bytes``
+(the cache eviction of the project's cold-cache timing), ``dist.barrier()``, ``lead_s`` of
+local 128x128 GEMMs (calibrated once per rank), ``t0``, the collective. Every rank makes the
+same calls in the same order.
+
+It returns its own per-repeat times for every item (with ``step``: a (warm, step) pair of
+arrays per item); the parent combines ranks (per-rank median, mean and IQR, the max over
+ranks per repeat). Rank 0 prints one progress line per item.
 """
 
 from __future__ import annotations
@@ -57,9 +64,32 @@ def _collective(item: dict[str, Any], rank: int, world_size: int):
     raise ValueError(f"unknown collective op {op!r}")
 
 
+class StepLead:
+    """What precedes a call in the step protocol: an eviction buffer and ``lead_s`` of GEMMs."""
+
+    def __init__(self, evict_bytes: int, lead_s: float):
+        self.buffer = torch.zeros(max(1, int(evict_bytes) // 4), dtype=torch.float32) if evict_bytes else None
+        self.a = torch.randn(128, 128)
+        start, n = time.perf_counter(), 20
+        for _ in range(n):
+            torch.mm(self.a, self.a)
+        per_gemm_s = (time.perf_counter() - start) / n
+        self.gemms = int(round(lead_s / per_gemm_s)) if lead_s > 0 else 0
+
+    def evict(self) -> None:
+        if self.buffer is not None:
+            self.buffer.add_(1.0)
+
+    def lead(self) -> None:
+        for _ in range(self.gemms):
+            torch.mm(self.a, self.a)
+
+
 def measure_items(rank: int, world_size: int, items: list[dict[str, Any]], timing: dict[str, Any],
-                  progress: bool = True) -> list[np.ndarray]:
-    """Per item, this rank's seconds per timed repeat (float64 array)."""
+                  progress: bool = True, step: dict[str, Any] | None = None) -> list:
+    """Per item, this rank's seconds per timed repeat (float64 array); with ``step``, a
+    (warm, step) pair of arrays per item."""
+    lead = StepLead(int(step["evict_bytes"]), float(step["lead_s"])) if step else None
     out: list[np.ndarray] = []
     warmup, lo, hi, budget = (int(timing["warmup"]), int(timing["min_repeats"]), int(timing["max_repeats"]),
                               float(timing["budget_s"]))
@@ -81,16 +111,28 @@ def measure_items(rank: int, world_size: int, items: list[dict[str, Any]], timin
             t0 = time.perf_counter()
             call()
             times[r] = time.perf_counter() - t0
-        out.append(times)
+        line = f"rank0 median {np.median(times) * 1e6:9.1f} us  ({repeats} repeats)"
+        if lead is not None:
+            in_step = np.empty(int(step["repeats"]))
+            for r in range(len(in_step)):  # bounded: step.repeats
+                lead.evict()
+                dist.barrier()
+                lead.lead()
+                t0 = time.perf_counter()
+                call()
+                in_step[r] = time.perf_counter() - t0
+            out.append((times, in_step))
+            line += f"; in a step mean {in_step.mean() * 1e6:9.1f} us"
+        else:
+            out.append(times)
         if progress and rank == 0:
             print(f"[collectives {i + 1}/{len(items)} {time.perf_counter() - start:6.1f}s] {item['op']:<14} "
-                  f"{item.get('pattern', ''):<10} {item['nominal_bytes']:>10.0f} B  rank0 median "
-                  f"{np.median(times) * 1e6:9.1f} us  ({repeats} repeats)", file=sys.stderr, flush=True)
+                  f"{item.get('pattern', ''):<10} {item['nominal_bytes']:>10.0f} B  {line}", file=sys.stderr, flush=True)
     return out
 
 
 def fail_mid_run(rank: int, world_size: int, items: list[dict[str, Any]], timing: dict[str, Any],
-                 progress: bool = False, die_rank: int = 1) -> list[np.ndarray]:
+                 progress: bool = False, step: dict[str, Any] | None = None, die_rank: int = 1) -> list:
     """Test probe: ``die_rank`` leaves abruptly after one collective, its peers block in the next."""
     call = _collective(items[0], rank, world_size)
     call()
@@ -98,4 +140,4 @@ def fail_mid_run(rank: int, world_size: int, items: list[dict[str, Any]], timing
         import os
         os._exit(7)
     call()
-    return measure_items(rank, world_size, items, timing, progress)
+    return measure_items(rank, world_size, items, timing, progress, step)

@@ -8,6 +8,8 @@ chosen inside each outer fold on the training sizes only (``models.select_l3``),
 choice never sees the scored size. Rows: median, p90 and max APE, per op and level, over all
 the op's rows and, for all_to_all, per split pattern (imbalance), with the noise floor beside
 them (``noise_rel_iqr_pct``: the median over the slice's rows of IQR/median over repeats).
+One table per timing protocol the profile holds (``warm``: medians; ``step``: means of calls
+made inside a step, ``models.TARGETS``).
 """
 
 from __future__ import annotations
@@ -19,17 +21,17 @@ import pandas as pd
 from sklearn.base import clone
 from sklearn.model_selection import LeaveOneGroupOut
 
-from costmodel.collectives.models import (LatencyBandwidth, ape, candidates, frame_features, select_l3,
+from costmodel.collectives.models import (TARGETS, LatencyBandwidth, ape, candidates, frame_features, select_l3,
                                           training_rows)
 
 
-def heldout_predictions(frame: pd.DataFrame) -> pd.DataFrame:
-    """Profile rows with ``pred_L2`` and ``pred_L3`` from models that never saw their size."""
-    rows = training_rows(frame)
+def heldout_predictions(frame: pd.DataFrame, protocol: str = "warm") -> pd.DataFrame:
+    """Profile rows of ``protocol`` with ``pred_L2`` and ``pred_L3`` from models that never saw their size."""
+    rows = training_rows(frame, protocol)
     out = []
     for op, part in rows.groupby("op"):
         part = part.copy()
-        X, y, g = frame_features(part), part["median_s"].to_numpy(float), part["group"].to_numpy()
+        X, y, g = frame_features(part), part["target_s"].to_numpy(float), part["group"].to_numpy()
         part["pred_L2"] = np.nan
         part["pred_L3"] = np.nan
         part["l3_class"] = ""
@@ -47,7 +49,7 @@ def heldout_predictions(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _summary(part: pd.DataFrame, level: str) -> dict:
-    e = ape(part[f"pred_{level}"], part["median_s"]) * 100
+    e = ape(part[f"pred_{level}"], part["target_s"]) * 100
     e = e[np.isfinite(e)]
     if len(e) == 0:
         return {"median_ape_pct": np.nan, "p90_ape_pct": np.nan, "max_ape_pct": np.nan, "within_10pct": np.nan}
@@ -56,8 +58,20 @@ def _summary(part: pd.DataFrame, level: str) -> dict:
 
 
 def fit_report(frame: pd.DataFrame, *, print_table: bool = True) -> pd.DataFrame:
-    """The held-out table (one row per op, slice and level); printed unless told not to."""
-    pred = heldout_predictions(frame)
+    """The held-out table (one row per protocol, op, slice and level); printed unless told not to."""
+    kinds = frame["protocol"] if "protocol" in frame else pd.Series("warm", index=frame.index)
+    table = []
+    for protocol in [p for p in TARGETS if (kinds == p).any()]:
+        table += _protocol_table(heldout_predictions(frame, protocol), protocol)
+    out = pd.DataFrame(table)
+    if print_table and len(out):
+        print("held-out (leave one message size out) APE of per-rank seconds, % (warm: medians of calls back to "
+              "back; step: means of calls inside a step)")
+        print(out.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
+    return out
+
+
+def _protocol_table(pred: pd.DataFrame, protocol: str) -> list[dict]:
     table = []
     for op, part in pred.groupby("op"):
         slices = [("all", part)]
@@ -65,7 +79,7 @@ def fit_report(frame: pd.DataFrame, *, print_table: bool = True) -> pd.DataFrame
             slices += [(p, s) for p, s in part.groupby("pattern")]
         for name, s in slices:
             for level in ("L2", "L3"):
-                row = {"op": op, "slice": name, "level": level, "rows": len(s), "sizes": s["group"].nunique(),
+                row = {"protocol": protocol, "op": op, "slice": name, "level": level, "rows": len(s), "sizes": s["group"].nunique(),
                        "noise_rel_iqr_pct": float(np.median(s["rel_iqr"]) * 100)}
                 row.update(_summary(s, level))
                 if level == "L3":
@@ -74,8 +88,4 @@ def fit_report(frame: pd.DataFrame, *, print_table: bool = True) -> pd.DataFrame
                 else:
                     row["model"] = "alpha+bytes/beta"
                 table.append(row)
-    out = pd.DataFrame(table)
-    if print_table and len(out):
-        print("held-out (leave one message size out) APE of per-rank seconds, %")
-        print(out.to_string(index=False, float_format=lambda v: f"{v:.1f}"))
-    return out
+    return table

@@ -5,9 +5,9 @@ One folder per (device fingerprint, backend, world size, placement)::
     <profile_root>/<device fingerprint id>/collectives/<backend>-w<W>-<placement>/
         fingerprint.json    the device fingerprint plus backend, world size, placement,
                             threads per rank, transport; ``id`` hashes all of it
-        measurements.csv    one row per (collective, rank, run): the message, the bytes the
-                            rank moved (spec.py's formulas), its median/IQR seconds, and the
-                            median/IQR of the max over ranks per repeat
+        measurements.csv    one row per (collective, timing protocol, rank, run): the message,
+                            the bytes the rank moved (spec.py's formulas), its median/mean/IQR
+                            seconds, and the same of the max over ranks per repeat
         .lock               taken around every write
 
 Placement is ``cores<a>-<b>...`` (rank r pinned to the r-th listed core) or ``unpinned``.
@@ -15,6 +15,10 @@ Appending reads the file inside the lock, concatenates, and replaces the file at
 (``costmodel.store.profile.atomic_write_csv``): every run's rows are kept (a rerun adds rows with a
 new ``run_id``; nothing already measured is lost), two writers never lose each other's rows.
 A folder whose fingerprint differs from the one asked for is refused, never mixed.
+
+``protocol`` (``warm`` or ``step``, ``costmodel.collectives.suite``), ``mean_s`` and
+``max_over_ranks_mean_s`` came later: rows written before them read as ``warm`` rows without
+a mean.
 """
 
 from __future__ import annotations
@@ -48,7 +52,9 @@ SUBDIR = "collectives"
 COLUMNS = ("run_id", "measured_at", "suite", "key", "op", "pattern", "world_size", "backend", "dtype", "rank",
            "nominal_bytes", "message_bytes", "send_matrix", "bytes_sent", "bytes_recv", "bytes_moved", "bytes_home",
            "max_rank_bytes_moved", "warmup", "repeats", "median_s", "iqr_s", "min_s", "rel_iqr", "noisy",
-           "max_over_ranks_median_s", "max_over_ranks_iqr_s")
+           "max_over_ranks_median_s", "max_over_ranks_iqr_s", "protocol", "mean_s", "max_over_ranks_mean_s")
+#: columns a file written before them lacks, and what its rows read as
+LATER_COLUMNS = {"protocol": "warm", "mean_s": float("nan"), "max_over_ranks_mean_s": float("nan")}
 NUMERIC = ("world_size", "rank", "nominal_bytes", "message_bytes", "bytes_sent", "bytes_recv", "bytes_moved",
            "bytes_home", "max_rank_bytes_moved", "warmup", "repeats", "median_s", "iqr_s", "min_s", "rel_iqr",
            "max_over_ranks_median_s", "max_over_ranks_iqr_s")
@@ -110,6 +116,11 @@ class CollectiveProfile:
         if not f.is_file():
             return pd.DataFrame(columns=list(COLUMNS))
         frame = pd.read_csv(f, keep_default_na=False, na_values=[""])
+        for c, default in LATER_COLUMNS.items():
+            frame[c] = frame[c] if c in frame.columns else default
+        frame["protocol"] = frame["protocol"].fillna("warm")
+        for c in ("mean_s", "max_over_ranks_mean_s"):
+            frame[c] = pd.to_numeric(frame[c], errors="coerce")
         missing = [c for c in COLUMNS if c not in frame.columns]
         if missing:
             raise CollectiveProfileError(f"{f} lacks column(s) {missing}")

@@ -7,6 +7,14 @@ splits n into W chunks). Every op in ``ops`` at every size; all_to_all once per 
 - ``peer_share: p``: each rank sends n in all, a share p of it to its peers (split evenly
   over the W-1 of them) and 1-p to itself (a local copy); p = (W-1)/W is the uniform split;
 - ``skew: k``: rank 0 sends k*n, every other rank n, at the uniform split (skewed senders).
+
+Two timing protocols (``costmodel.collectives.rank``): ``warm``, calls back to back after a
+barrier (NCCL-tests' and the profile's protocol since the start), and, with a ``step``
+section, ``step``: each call as a layer's step makes it, after a cache eviction, a barrier
+and ``lead_s`` of local GEMMs (an expert-parallel step's router and dispatch prep before its
+first all-to-all). A gloo call after local work pays wake-up delays of a few milliseconds on
+a share of calls that warm back-to-back calls rarely see (``scripts/bench_a2a_protocol.py``);
+the step rows keep the mean, the statistic that adds up inside a step.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from costmodel.collectives.spec import CollectiveSpec, CollectiveSpecError, DTYP
 MAX_ITEMS = 2000  # a suite larger than this is a typo, not a plan
 TIMING_LIMITS = {"warmup": (0, 100), "min_repeats": (3, 10000), "max_repeats": (3, 10000),
                  "budget_s": (0.0, 60.0)}
+STEP_LIMITS = {"repeats": (3, 1000), "evict_bytes": (0, 2 ** 34), "lead_s": (0.0, 0.1)}
+PROTOCOLS = ("warm", "step")
 
 
 @dataclass(frozen=True)
@@ -31,6 +41,7 @@ class CollectiveSuite:
     specs: tuple[CollectiveSpec, ...]
     timing: dict[str, float]  # warmup, min_repeats, max_repeats, budget_s (per item)
     timeout_s: float
+    step: dict[str, float] | None = None  # repeats, evict_bytes, lead_s: the step protocol (None: warm only)
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -51,6 +62,24 @@ def _timing(raw: dict[str, Any], source: str) -> dict[str, float]:
              f"{source}: timing.min_repeats ({t['min_repeats']}) must be <= timing.max_repeats ({t['max_repeats']})")
     unknown = set(t) - set(TIMING_LIMITS)
     _require(not unknown, f"{source}: unknown timing field(s) {sorted(unknown)}; allowed: {list(TIMING_LIMITS)}")
+    return t
+
+
+def _step(raw: Any, source: str) -> dict[str, float] | None:
+    """The ``step`` section: repeats (integer), evict_bytes (integer), lead_s; None or absent: no step rows."""
+    if raw is None:
+        return None
+    _require(isinstance(raw, dict), f"{source}: step must be a mapping of {list(STEP_LIMITS)} or null, got {raw!r}")
+    unknown = set(raw) - set(STEP_LIMITS)
+    _require(not unknown, f"{source}: unknown step field(s) {sorted(unknown)}; allowed: {list(STEP_LIMITS)}")
+    t = {"repeats": 21, "evict_bytes": 128 * 2 ** 20, "lead_s": 3e-4, **raw}
+    for name, (lo, hi) in STEP_LIMITS.items():
+        v = t[name]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+        if name != "lead_s":
+            ok = ok and float(v).is_integer()
+        _require(ok, f"{source}: step.{name} must be {'an integer' if name != 'lead_s' else 'a number'} "
+                     f"in [{lo}, {hi}], got {v!r}")
     return t
 
 
@@ -133,7 +162,7 @@ def load_suite(path: str | Path | dict, world_size: int, *, backend: str = "gloo
              f"{source}: timeout_s must be in (0, 3600], got {timeout!r}")
     return CollectiveSuite(name=str(raw.get("name", Path(str(path)).stem if not isinstance(path, dict) else "suite")),
                            specs=tuple(specs), timing=_timing(raw.get("timing") or {}, source),
-                           timeout_s=float(timeout))
+                           timeout_s=float(timeout), step=_step(raw.get("step"), source))
 
 
 def to_item(spec: CollectiveSpec) -> dict[str, Any]:

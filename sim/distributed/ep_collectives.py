@@ -147,20 +147,31 @@ def load_fallback(folder: Path, world_size: int, backend: str) -> LatencyBandwid
 
 
 def collective_model_for(world_size: int, backend: str, profile_root: str | Path, *,
-                         measure_if_missing: bool = False) -> tuple[Any | None, str]:
+                         measure_if_missing: bool = False, protocol: str = "step") -> tuple[Any | None, str]:
     """(the profiled collective model, how it was found) or (None, why not):
-    ``costmodel.collectives.load_collective_model`` (with ``measure_if_missing``, its default
-    suite is measured first where the profile is missing)."""
+    ``costmodel.collectives.load_collective_model`` on the rows of ``protocol`` (``step``: calls
+    timed as a step makes them, the default for a layer's step; with ``measure_if_missing``, its
+    default suite is measured first where the profile or its ``protocol`` rows are missing;
+    without, a profile measured before the step protocol answers with its ``warm`` rows, and
+    ``how`` says so)."""
     try:
         from costmodel.collectives import CollectiveProfileError, load_collective_model  # noqa: PLC0415
     except ImportError as err:
         return None, f"costmodel.collectives has no collective model ({err})"
     try:
         cm = load_collective_model(world_size=world_size, backend=backend, profile_root=str(profile_root),
-                                   measure_if_missing=measure_if_missing)
+                                   measure_if_missing=measure_if_missing, protocol=protocol)
     except CollectiveProfileError as err:
-        return None, f"no collective profile for {backend} W={world_size}: {err}"
-    return cm, f"collective profile {backend} W={world_size} (costmodel.collectives)"
+        if measure_if_missing or protocol == "warm":
+            return None, f"no collective profile for {backend} W={world_size}: {err}"
+        try:
+            cm = load_collective_model(world_size=world_size, backend=backend, profile_root=str(profile_root),
+                                       protocol="warm")
+        except CollectiveProfileError:
+            return None, f"no collective profile for {backend} W={world_size}: {err}"
+        return cm, (f"collective profile {backend} W={world_size} (costmodel.collectives), its warm rows: it holds "
+                    f"no {protocol!r} rows (measured before that protocol)")
+    return cm, f"collective profile {backend} W={world_size} (costmodel.collectives), {protocol} protocol"
 
 
 def whatif_from(base: Any, world_size: int) -> Any:

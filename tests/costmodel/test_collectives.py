@@ -15,7 +15,8 @@ import pytest
 
 from costmodel.collectives import (CollectiveProfileError, CollectiveSpec, CollectiveSpecError, bench_collectives,
                                    load_collective_model, make_latency_bandwidth_model)
-from costmodel.collectives.models import CollectiveModel, LatencyBandwidth, fit_collective_model, home_share
+from costmodel.collectives.models import (CollectiveModel, LatencyBandwidth, fit_collective_model, home_share,
+                                          training_rows)
 from costmodel.collectives.rank import fail_mid_run
 from costmodel.collectives.report import fit_report
 from costmodel.collectives.spec import all_to_all_bytes, check_send_matrix
@@ -25,8 +26,10 @@ from costmodel.collectives.workers import EPWorkerError, WorkerSetupError, usabl
 
 TINY = {"name": "tiny", "sizes": {"min_bytes": 256, "max_bytes": 65536, "count": 3},
         "all_to_all": {"peer_share": [0.9], "skew": [4]},
-        "timing": {"warmup": 1, "min_repeats": 3, "max_repeats": 5, "budget_s": 0.01}, "timeout_s": 120}
+        "timing": {"warmup": 1, "min_repeats": 3, "max_repeats": 5, "budget_s": 0.01},
+        "step": {"repeats": 3, "evict_bytes": 1048576, "lead_s": 1e-4}, "timeout_s": 120}
 N_TINY = 3 * (2 + 3)  # 3 sizes x (2 all_to_all patterns + 3 other ops)
+PROTOCOLS = 2  # every collective timed warm and in the step protocol
 SMALLEST = {**TINY, "sizes": {"min_bytes": 256, "max_bytes": 256, "count": 1}, "ops": ["all_to_all", "all_reduce"]}
 N_SMALLEST = 2 + 1
 
@@ -81,6 +84,13 @@ def test_suite_patterns_match_their_names():
     (lambda: check_send_matrix(np.zeros(4)), "send_bytes must have shape [W, W]"),
     (lambda: make_latency_bandwidth_model(1e-5, 0, 2), "beta_bytes_per_s must be a finite number of bytes/s > 0"),
     (lambda: load_suite({**TINY, "timing": {"min_repeats": 1}}, 2), "timing.min_repeats must be an integer in [3,"),
+    (lambda: load_suite({**TINY, "step": {"repeats": 1}}, 2), "suite: step.repeats must be an integer in [3, 1000], "
+                                                              "got 1"),
+    (lambda: load_suite({**TINY, "step": {"lead_s": 1.0}}, 2), "suite: step.lead_s must be a number in [0.0, 0.1], "
+                                                               "got 1.0"),
+    (lambda: load_suite({**TINY, "step": {"evict": 4}}, 2), "suite: unknown step field(s) ['evict']; allowed: "
+                                                            "['repeats', 'evict_bytes', 'lead_s']"),
+    (lambda: load_collective_model(protocol="cold"), "protocol must be one of ['warm', 'step'], got 'cold'"),
 ])
 def test_bad_input_names_the_field(make, message):
     with pytest.raises(CollectiveSpecError, match=re.escape(message)):
@@ -170,6 +180,20 @@ def test_l3_outside_the_measured_box_follows_l2_from_the_nearest_measured_call()
     assert model.extrapolating(inside) is None
 
 
+def test_each_protocol_is_fitted_on_its_own_rows_and_statistic():
+    """Warm rows are fitted on their median, step rows on their mean (the heavy tail a step adds
+    up); a row of the other protocol is never used."""
+    base = {"op": "all_to_all", "nominal_bytes": 256.0, "median_s": 1e-4}
+    frame = pd.DataFrame([{**base, "protocol": "warm", "mean_s": 9e-4},
+                          {**base, "protocol": "step", "mean_s": 3e-4},
+                          {**base, "protocol": "step", "mean_s": float("nan")}])  # a row without its mean
+    np.testing.assert_allclose(training_rows(frame, "warm")["target_s"], [1e-4])
+    np.testing.assert_allclose(training_rows(frame, "step")["target_s"], [3e-4])
+    old = frame.drop(columns=["protocol", "mean_s"]).iloc[:1]  # a profile written before the protocols
+    np.testing.assert_allclose(training_rows(old, "warm")["target_s"], [1e-4])
+    assert training_rows(old, "step").empty
+
+
 def test_home_share_is_bounded_and_zero_without_bytes():
     np.testing.assert_allclose(home_share([10, 0, 0], [30, 5, 0]), [0.25, 0.0, 0.0])
 
@@ -188,7 +212,7 @@ def measured(tmp_path_factory):
 
 def test_a_real_run_writes_rows_with_its_fingerprint(measured):
     first = measured["first"]
-    assert first.rows_added == 2 * N_TINY  # one row per (collective, rank)
+    assert first.rows_added == PROTOCOLS * 2 * N_TINY  # one row per (collective, protocol, rank)
     fp = json.loads((first.path / "fingerprint.json").read_text())
     assert (fp["backend"], fp["world_size"], fp["placement"]) == ("gloo", 2, first.placement)
     assert first.path.name == f"gloo-w2-{first.placement}"
@@ -196,11 +220,13 @@ def test_a_real_run_writes_rows_with_its_fingerprint(measured):
     rows = measured["rows_first"]
     assert set(rows["op"]) == {"all_to_all", "all_gather", "reduce_scatter", "all_reduce"}
     assert (rows["median_s"] > 0).all() and (rows["max_over_ranks_median_s"] >= rows["median_s"] * 0.999).all()
+    assert rows.groupby("protocol").size().to_dict() == {"step": 2 * N_TINY, "warm": 2 * N_TINY}
+    assert (rows["mean_s"] > 0).all() and (rows["max_over_ranks_mean_s"] >= rows["mean_s"] * 0.999).all()
 
 
 def test_appending_keeps_every_row(measured):
     second = measured["second"]
-    assert second.rows_total == 2 * N_TINY + 2 * N_SMALLEST
+    assert second.rows_total == PROTOCOLS * 2 * (N_TINY + N_SMALLEST)
     rows = CollectiveProfile.load(second.path).measurements()
     kept = rows[rows["run_id"] == measured["first"].run_id].reset_index(drop=True)
     pd.testing.assert_frame_equal(kept, measured["rows_first"], check_dtype=False)
@@ -218,8 +244,31 @@ def test_a_model_loads_from_the_measured_profile(measured):
     assert model.extrapolating(s) is None
     assert "world size 4 was not measured" in model.extrapolating(np.full((4, 4), 1024.0))
     assert "outside the measured" in model.extrapolating(np.full((2, 2), 2.0 ** 30))
+    step = load_collective_model(world_size=2, backend="gloo", profile_root=measured["root"], protocol="step")
+    assert (model.protocol, step.protocol) == ("warm", "step")
+    assert step.predict_all_to_all_s(s, level="L2") != pytest.approx(model.predict_all_to_all_s(s, level="L2"))
     report = fit_report(CollectiveProfile.load(measured["first"].path).measurements(), print_table=False)
     assert set(report["level"]) == {"L2", "L3"} and report["median_ape_pct"].notna().all()
+    assert set(report["protocol"]) == {"warm", "step"}
+
+
+def test_a_profile_from_before_the_step_protocol_reads_as_warm_and_asks_for_a_bench(measured, tmp_path):
+    """A measurements.csv without the protocol and mean columns: its rows are warm rows; the
+    step model is refused with the command that measures it, never fitted on warm rows."""
+    import shutil
+
+    old = tmp_path / measured["root"].name
+    shutil.copytree(measured["root"], old)
+    csv = next(old.rglob("measurements.csv"))
+    frame = pd.read_csv(csv)
+    frame[frame["protocol"] == "warm"].drop(columns=["protocol", "mean_s", "max_over_ranks_mean_s"]).to_csv(
+        csv, index=False)
+    rows = CollectiveProfile.load(csv.parent).measurements()
+    assert set(rows["protocol"]) == {"warm"} and rows["mean_s"].isna().all()
+    assert load_collective_model(world_size=2, backend="gloo", profile_root=old).protocol == "warm"
+    with pytest.raises(CollectiveProfileError, match=re.escape("holds no rows of the 'step' timing protocol")) as err:
+        load_collective_model(world_size=2, backend="gloo", profile_root=old, protocol="step")
+    assert f"python -m costmodel.collectives bench world_size=2 profile_root={old}" in str(err.value)
 
 
 def _spawned_children() -> list[psutil.Process]:
