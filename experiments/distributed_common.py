@@ -94,3 +94,61 @@ def finish_timelines(fig: Any, handles: list[Any], *, wait_label: str, title: st
     fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- co-location
+
+#: where the co-location factors come from (``ep.colocation``, ``partition.colocation``; ``costmodel.colocation.MODES``)
+COLOCATION_SOURCES = ("measure", "profile", "off")
+
+
+def colocation_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
+    return value in COLOCATION_SOURCES and (value != "measure" or cfg.get("measure", True) is not False)
+
+
+def colocation_words(cfg: Mapping[str, Any]) -> str:
+    return (f"one of {list(COLOCATION_SOURCES)}" if cfg.get("measure", True) is not False
+            else "'profile' or 'off' with measure=false (measure=false predicts only)")
+
+
+def rank_colocation(rt: Any, world_size: int, mode: str, *, field: str, measuring: bool, what: str,
+                    progress: bool = False, profile: Any = None) -> tuple[Any, str]:
+    """``field``'s co-location factors for the ranks' cores (``costmodel.colocation.resolve_colocation``):
+    the profile's (measured first when missing and measuring), measured anew, or none;
+    ``profile``: the folder predicted from (measure=false; default this device's profile)."""
+    from contextlib import nullcontext  # noqa: PLC0415
+
+    from costmodel.collectives.workers import pick_cores  # noqa: PLC0415
+    from costmodel.colocation import resolve_colocation  # noqa: PLC0415
+    from costmodel.colocation.measure import quick_timing  # noqa: PLC0415
+
+    if mode == "off":
+        return None, f"{field}=off: every rank's kernels predicted as measured alone"
+    cores, note = pick_cores(world_size) if measuring else (None, "")
+    if measuring and cores is None:
+        return None, f"{field}={mode}: the ranks are {note}, so no placement to measure; predicted alone"
+    profile = profile if profile is not None else rt.open_profile(create=measuring)
+    with rt.measuring(f"{what}: co-location factors") if measuring else nullcontext():
+        colo, how = resolve_colocation(mode, profile, measuring=measuring, cores=cores, field=field,
+                                       timing=quick_timing(rt.timing), measure_lock=False, progress=progress)
+    if colo is not None and not measuring:
+        how += (f"; measured on {colo.placement.get('id', '?')}, applied to W={world_size} ranks "
+                "(more co-running ranks may slow each other more: extrapolated)")
+    return colo, how
+
+
+def colocation_details(df: pd.DataFrame, colo: Any, how: str, mode: str) -> dict[str, Any]:
+    """``details.colocation``: the mode, the factors, and the held-out L3 error with and without
+    them (``df``: ``measured_s``, ``pred_L3_s`` and ``pred_alone_L3_s`` per point)."""
+    out: dict[str, Any] = {"mode": mode, "how": how, "applied": colo is not None}
+    if colo is None:
+        return out
+    out.update(colo.to_dict())
+    meas = df["measured_s"].to_numpy(dtype=float)
+    with_ = 100 * np.abs(df["pred_L3_s"].to_numpy(dtype=float) / meas - 1)
+    without = 100 * np.abs(df["pred_alone_L3_s"].to_numpy(dtype=float) / meas - 1)
+    out["median_ape_L3_pct"] = float(np.median(with_))
+    out["median_ape_L3_pct_alone"] = float(np.median(without))
+    out["median_pred_over_measured_L3"] = float(np.median(df["pred_L3_s"] / df["measured_s"]))
+    out["median_pred_over_measured_L3_alone"] = float(np.median(df["pred_alone_L3_s"] / df["measured_s"]))
+    return out

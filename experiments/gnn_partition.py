@@ -48,8 +48,8 @@ from experiments.common import (  # noqa: E402
     plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
-    finish_timelines, label_timeline_axis, print_straggler_and_summary, straggler_summary, timeline_grid, usable_cores,
-    variant_gains,
+    colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
+    print_straggler_and_summary, rank_colocation, straggler_summary, timeline_grid, usable_cores, variant_gains,
 )
 from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
@@ -102,6 +102,7 @@ CONSTRAINTS: dict[str, Any] = {
     "partition.repeats": Interval(int, 3, MAX_REPEATS),
     "partition.rounds": Interval(int, 1, 20),
     "partition.timeout_s": Interval(int, 10, 3600),
+    "partition.colocation": Rule(colocation_ok, colocation_words),
 }
 
 
@@ -128,7 +129,8 @@ def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> 
     W, whatif = part.get("world_size", 2), part.get("whatif_world_size", 8)
     return {"world_size": W if measuring else whatif, "partitioners": list(dict.fromkeys(names)),
             "warmup": part.get("warmup", 2), "repeats": part.get("repeats", 10), "rounds": part.get("rounds", 3),
-            "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full")}
+            "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full"),
+            "colocation": part.get("colocation", "profile")}
 
 
 def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
@@ -284,6 +286,9 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     heldout = heldout_for(rt, model, traces, what="gnn_partition")
     cm, cm_how = _collectives(rt, W, measuring=True, suite=part["collective_suite"])
     console.print(f"all-to-all model: {cm_how}")
+    colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=True,
+                                     what="gnn_partition", progress=progress)
+    console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
 
     from sim.distributed.gnn_partition_layer import run_partition_forward  # noqa: PLC0415
 
@@ -304,10 +309,14 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     rows, per_point = [], []
     for pt, timed in zip(points, measured["timed"]):
         held = predict_partition_step(heldout.model, cm, pt["cfg"], pt["plan"], pt["edge_index"], levels=LEVELS,
-                                      traces=pt["traces"])
+                                      traces=pt["traces"], colocation=colo)
         lookup = predict_partition_step(model, cm, pt["cfg"], pt["plan"], pt["edge_index"], levels=LEVELS,
-                                        traces=pt["traces"], balanced=False)
+                                        traces=pt["traces"], balanced=False, colocation=colo)
         row, point = _score_point(pt, held, lookup, timed)
+        if colo is not None:
+            alone = predict_partition_step(heldout.model, cm, pt["cfg"], pt["plan"], pt["edge_index"], levels=("L3",),
+                                           traces=pt["traces"], balanced=False)
+            row["pred_alone_L3_s"] = alone["L3"].step_s
         rows.append(row)
         per_point.append(point)
     df = pd.DataFrame(rows)
@@ -315,6 +324,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         **{f"pred_{lv}_s": df[f"pred_lookup_{lv}_s"] for lv in LEVELS}))
     df = add_errors(df)
     df["ape_lookup_L3_pct"] = lookup_df["ape_L3_pct"]
+    details["colocation"] = colocation_details(df, colo, colo_how, part["colocation"])
     df.attrs.update({"scoring": "held-out", "heldout": heldout.to_dict(), "profile_lookup": ape_summary(lookup_df),
                      "rounds": part["rounds"], "freshness": dict(getattr(model, "freshness", {}) or {})})
     gains = variant_gains(df, "partitioner", "metis", "random")
@@ -473,10 +483,12 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
     W = part["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     cm, how = _collectives(rt, W, measuring=False, suite=part["collective_suite"])
+    colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=False,
+                                     what="gnn_partition", profile=rt.profile_root / model.fingerprint.id)
     rows, per_point = [], []
     for pt in points:
         pred = predict_partition_step(model, cm, pt["cfg"], pt["plan"], pt["edge_index"], levels=LEVELS,
-                                      traces=pt["traces"])
+                                      traces=pt["traces"], colocation=colo)
         plan: PartitionPlan = pt["plan"]
         l3 = pred["L3"]
         rows.append({"point": pt["point"], "value": pt["value"], "partitioner": pt["partitioner"],
@@ -496,6 +508,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
             f"measured ({how})")
     console.print(f"[yellow]{note}[/]")
     details = {**details, "extrapolates": note, "collective_model": {"how": how},
+               "colocation": {"mode": part["colocation"], "how": colo_how, "applied": colo is not None},
                "partition": {"points": per_point, "metis_gain_over_random": variant_gains(df, "partitioner", "metis", "random")},
                "predictions": df[["value", "partitioner", "backend", *(f"pred_{lv}_s" for lv in LEVELS)]].to_dict("records")}
     summ = predict_only_summary("gnn_partition", model.fingerprint.describe(), df, details=details)

@@ -57,8 +57,8 @@ from experiments.common import (  # noqa: E402
     plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
-    finish_timelines, label_timeline_axis, print_straggler_and_summary, straggler_summary, timeline_grid, usable_cores,
-    variant_gains,
+    colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
+    print_straggler_and_summary, rank_colocation, straggler_summary, timeline_grid, usable_cores, variant_gains,
 )
 from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
@@ -82,17 +82,11 @@ MEASURES = "optional"
 BACKEND = "gloo"
 #: where the all-to-all model comes from (``ep.collectives``)
 COLLECTIVE_SOURCES = ("profile", "in_run")
-#: where the co-location factors come from (``ep.colocation``; ``costmodel.colocation.MODES``)
-COLOCATION_SOURCES = ("measure", "profile", "off")
 MAX_REPEATS = 200
 #: uniform all-to-all sizes (bytes per peer) of the in-launch latency-bandwidth fit
 A2A_GRID = (256, 2048, 16384, 131072, 1048576, 4194304)
 #: phases drawn in the timeline plot, one colour each (measured dispatch includes its waits)
 PHASE_COLOURS = {"router": "C0", "dispatch": "C1", "experts": "C2", "combine": "C3", "weighted_sum": "C4"}
-
-
-def _colocation_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
-    return value in COLOCATION_SOURCES and (value != "measure" or cfg.get("measure", True) is not False)
 
 
 #: moe_ep's fields: the MoE layer's (``experiments.moe_skew.CONSTRAINTS``) and the ``ep``
@@ -107,8 +101,7 @@ CONSTRAINTS: dict[str, Any] = {
     "ep.repeats": Interval(int, 3, MAX_REPEATS),
     "ep.timeout_s": Interval(int, 10, 3600),
     "ep.collectives": Options(list(COLLECTIVE_SOURCES)),
-    "ep.colocation": Rule(_colocation_ok, lambda cfg: f"one of {list(COLOCATION_SOURCES)}" if cfg.get("measure", True)
-                          is not False else "'profile' or 'off' with measure=false (measure=false predicts only)"),
+    "ep.colocation": Rule(colocation_ok, colocation_words),
 }
 
 
@@ -253,7 +246,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     heldout = heldout_for(rt, model, traces, what="moe_ep")
     cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"])
     console.print(f"all-to-all model: {cm_how}")
-    colo, colo_how = _colocation(rt, ep, measuring=True, progress=progress)
+    colo, colo_how = rank_colocation(rt, ep["world_size"], ep["colocation"], field="ep.colocation", measuring=True,
+                                     what="moe_ep", progress=progress)
     console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
 
     from sim.distributed.ep_layer import MEASURED_SEGMENTS, run_ep_phases  # noqa: PLC0415
@@ -298,7 +292,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         rows.append(row)
         per_point.append(point)
     df = pd.DataFrame(rows)
-    details["colocation"] = _colocation_details(df, colo, colo_how, ep["colocation"])
+    details["colocation"] = colocation_details(df, colo, colo_how, ep["colocation"])
     lookup_df = add_errors(df[["backend", "measured_s"]].assign(
         **{f"pred_{lv}_s": df[f"pred_lookup_{lv}_s"] for lv in LEVELS}))
     df = add_errors(df)
@@ -342,52 +336,6 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                   f"{rr['median_ape_pct']['L3']:.1f}%, p90 {rr['p90_ape_pct']['L3']:.1f}%; in-rank kernels / profile: "
                   + ", ".join(f"{r} {v:.2f}x" for r, v in rr["kernels_in_rank_over_profile"].items()))
     return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
-
-
-def _colocation(rt: Runtime, ep: Mapping[str, Any], *, measuring: bool, progress: bool = False,
-                profile: Any = None) -> tuple[Any, str]:
-    """``ep.colocation``'s factors for the ranks' cores (``costmodel.colocation.resolve_colocation``):
-    the profile's (measured first when missing and measuring), measured anew, or none;
-    ``profile``: the folder predicted from (measure=false; default this device's profile)."""
-    from costmodel.collectives.workers import pick_cores  # noqa: PLC0415
-    from costmodel.colocation import resolve_colocation  # noqa: PLC0415
-    from costmodel.colocation.measure import quick_timing  # noqa: PLC0415
-
-    if ep["colocation"] == "off":
-        return None, "ep.colocation=off: every rank's kernels predicted as measured alone"
-    cores, note = pick_cores(ep["world_size"]) if measuring else (None, "")
-    if measuring and cores is None:
-        return None, f"ep.colocation={ep['colocation']}: the ranks are {note}, so no placement to measure; predicted alone"
-    profile = profile if profile is not None else rt.open_profile(create=measuring)
-    with rt.measuring("moe_ep: co-location factors") if measuring else _nothing():
-        colo, how = resolve_colocation(ep["colocation"], profile, measuring=measuring, cores=cores, field="ep.colocation",
-                                       timing=quick_timing(rt.timing), measure_lock=False, progress=progress)
-    if colo is not None and not measuring:
-        how += (f"; measured on {colo.placement.get('id', '?')}, applied to W={ep['world_size']} ranks "
-                "(more co-running ranks may slow each other more: extrapolated)")
-    return colo, how
-
-
-def _nothing():
-    from contextlib import nullcontext  # noqa: PLC0415
-
-    return nullcontext()
-
-
-def _colocation_details(df: pd.DataFrame, colo: Any, how: str, mode: str) -> dict[str, Any]:
-    """``details.colocation``: the mode, the factors, and the held-out L3 error with and without them."""
-    out: dict[str, Any] = {"mode": mode, "how": how, "applied": colo is not None}
-    if colo is None:
-        return out
-    out.update(colo.to_dict())
-    meas = df["measured_s"].to_numpy(dtype=float)
-    with_ = 100 * np.abs(df["pred_L3_s"].to_numpy(dtype=float) / meas - 1)
-    without = 100 * np.abs(df["pred_alone_L3_s"].to_numpy(dtype=float) / meas - 1)
-    out["median_ape_L3_pct"] = float(np.median(with_))
-    out["median_ape_L3_pct_alone"] = float(np.median(without))
-    out["median_pred_over_measured_L3"] = float(np.median(df["pred_L3_s"] / df["measured_s"]))
-    out["median_pred_over_measured_L3_alone"] = float(np.median(df["pred_alone_L3_s"] / df["measured_s"]))
-    return out
 
 
 def _measured_timeline(phase_s: np.ndarray, segments: Sequence[str]) -> dict[str, Any]:
@@ -519,7 +467,8 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
         cm = whatif_from(base, W)
         how = f"{base_how}; latency-bandwidth with its W=2 alpha and beta, extrapolated to W={W}"
     times = cost_model_kernel_times(model)
-    colo, colo_how = _colocation(rt, ep, measuring=False, profile=rt.profile_root / model.fingerprint.id)
+    colo, colo_how = rank_colocation(rt, ep["world_size"], ep["colocation"], field="ep.colocation", measuring=False,
+                                     what="moe_ep", profile=rt.profile_root / model.fingerprint.id)
     console.print(f"co-location: {colo_how}" + (f"\n  {colo.describe()}" if colo is not None else ""))
     rows, per_point = [], []
     for pt in points:

@@ -1,7 +1,7 @@
 """Command line: ``python -m costmodel.colocation measure|show key=value ...``.
 
     python -m costmodel.colocation measure [profile.root=profiles] [threads=1] [dtype=float32]
-                                           [allocator=steady] [cores=0,1] [per_family=3] [rounds=2]
+                                           [allocator=steady] [cores=0,1] [per_family=4] [rounds=6]
                                            [families=gemm,gather]
     python -m costmodel.colocation show [profile.root=profiles] [threads=1] [dtype=float32]
 
@@ -56,11 +56,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from dataclasses import replace
 
-        from costmodel.colocation.measure import DEFAULT_TIMING, measure_colocation
+        from costmodel.colocation.measure import DEFAULT_PER_FAMILY, DEFAULT_TIMING, measure_colocation
 
         cores = tuple(int_arg({"c": c}, "c", 0) for c in args.get("cores", "0,1").strip("[]()").split(","))
         families = [f for f in args["families"].strip("[]").split(",") if f] if "families" in args else None
-        measure_colocation(profile, cores, per_family=int_arg(args, "per_family", 3), families=families,
+        measure_colocation(profile, cores, per_family=int_arg(args, "per_family", DEFAULT_PER_FAMILY), families=families,
                            timing=replace(DEFAULT_TIMING, rounds=int_arg(args, "rounds", DEFAULT_TIMING.rounds)))
     except (ColocationError, ProfileError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

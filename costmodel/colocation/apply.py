@@ -3,15 +3,22 @@
 A kernel predicted from a profile measured with one process alone runs slower when other
 processes share the machine's cache and memory bandwidth (ranks of one host). The factors
 of ``costmodel.colocation.measure`` scale each kernel's predicted seconds by its family's
-factor; collectives are not scaled (they are measured between the processes already).
+factor at its bytes (``ColocationFactors.factor(family, bytes_moved)``); collectives are not
+scaled (they are measured between the processes already).
 
 - ``colocated_kernel_times(kernel_times, colocation)``: wraps a kernel-time function
   (``traces -> {level: [seconds per trace]}``, as ``sim.distributed.ep_predict`` takes): each
-  trace is split by family, every part predicted in one call, scaled by its family's factor
-  and summed back (so the cold-call overhead a cost model adds per kernel is scaled too: the
-  ratio was measured on whole calls);
+  trace is split into parts of one family and one factor (to 0.01), every part predicted in
+  one call, scaled by its factor and summed back (so the cold-call overhead a cost model adds
+  per kernel is scaled too: the ratio was measured on whole calls);
 - ``colocated_trace_seconds(trace, seconds_of, colocation)``: the same for one trace and a
   ``trace -> {level: seconds}`` function (``sim.distributed.gnn_partition_predict.trace_seconds``);
+- ``overlapped_seconds(alone_s, colocated_s, start_s)``: how long each rank's local work takes
+  when the slow-down lasts only while another rank runs too: a rank whose twin has finished
+  (and waits in the next collective) runs at its alone speed. Each rank progresses at
+  alone/colocated of its alone speed while two or more ranks are busy, at full speed when it
+  is the only one (processor sharing with a per-rank rate; the factor was measured with one
+  twin, and is used for any number of co-runners);
 - ``resolve_colocation(mode, profile, ...)``: an experiment's ``colocation`` setting
   (``measure``: measure now; ``profile``: the profile's factors, measured first when missing;
   ``off``: none) -> (factors or None, how, in words).
@@ -28,25 +35,27 @@ from costmodel.colocation.store import ColocationError, ColocationFactors, load_
 MODES = ("measure", "profile", "off")
 
 
-def _by_family(trace: Sequence[Any]) -> dict[str, list[Any]]:
-    parts: dict[str, list[Any]] = {}
+def _by_factor(trace: Sequence[Any], colocation: ColocationFactors) -> dict[tuple[str, float], list[Any]]:
+    """The trace's kernels grouped by (family, factor at their bytes, to 0.01)."""
+    parts: dict[tuple[str, float], list[Any]] = {}
     for spec in trace:
-        parts.setdefault(spec.family, []).append(spec)
+        f = round(colocation.factor(spec.family, float(spec.bytes_moved())), 2)
+        parts.setdefault((spec.family, f), []).append(spec)
     return parts
 
 
 def colocated_kernel_times(kernel_times: Callable[[Sequence[Sequence[Any]]], Mapping[str, np.ndarray]],
                            colocation: ColocationFactors | None) -> Callable[[Sequence[Sequence[Any]]], dict[str, np.ndarray]]:
-    """``kernel_times`` with every kernel's seconds times its family's factor (unchanged for None)."""
+    """``kernel_times`` with every kernel's seconds times its factor (unchanged for None)."""
     if colocation is None:
         return kernel_times  # type: ignore[return-value]
 
     def times(traces: Sequence[Sequence[Any]]) -> dict[str, np.ndarray]:
         owner, factor, parts = [], [], []
         for i, trace in enumerate(traces):
-            for fam, specs in _by_family(trace).items():
+            for (_, f), specs in _by_factor(trace, colocation).items():
                 owner.append(i)
-                factor.append(colocation.factor(fam))
+                factor.append(f)
                 parts.append(specs)
         n = len(traces)
         if not parts:
@@ -62,15 +71,46 @@ def colocated_kernel_times(kernel_times: Callable[[Sequence[Sequence[Any]]], Map
 
 def colocated_trace_seconds(trace: Sequence[Any], seconds_of: Callable[[Sequence[Any]], Mapping[str, float]],
                             colocation: ColocationFactors | None) -> dict[str, float]:
-    """``seconds_of(trace)`` with each family's part scaled by its factor (unchanged for None)."""
+    """``seconds_of(trace)`` with each kernel's part scaled by its factor (unchanged for None)."""
     if colocation is None or not trace:
         return dict(seconds_of(list(trace)))
     out: dict[str, float] = {}
-    for fam, specs in _by_family(trace).items():
-        f = colocation.factor(fam)
+    for (_, f), specs in _by_factor(trace, colocation).items():
         for lv, s in seconds_of(specs).items():
             out[lv] = out.get(lv, 0.0) + f * float(s)
     return out
+
+
+def overlapped_seconds(alone_s: Sequence[float], colocated_s: Sequence[float],
+                       start_s: Sequence[float] | None = None) -> np.ndarray:
+    """[W] seconds each rank's local work takes from its own start (``start_s``, default all 0):
+    ``alone_s[r]`` of work done at rate alone/colocated while at least two ranks are busy and
+    at rate 1 while rank r is the only one. Equal starts and equal work give ``colocated_s``;
+    one rank's work alone gives ``alone_s``."""
+    alone = np.asarray(alone_s, dtype=np.float64)
+    coloc = np.asarray(colocated_s, dtype=np.float64)
+    start = np.zeros_like(alone) if start_s is None else np.asarray(start_s, dtype=np.float64)
+    if not (alone.shape == coloc.shape == start.shape) or alone.ndim != 1:
+        raise ValueError(f"alone_s, colocated_s and start_s must be [W] vectors of one length, got "
+                         f"{alone.shape}, {coloc.shape}, {start.shape}")
+    if np.any(alone < 0) or np.any(coloc < 0):
+        raise ValueError("alone_s and colocated_s must be >= 0 seconds")
+    slow = np.divide(alone, coloc, out=np.ones_like(alone), where=coloc > 0)  # rate while co-running
+    left, done = alone.copy(), np.where(alone <= 0, start, np.nan)
+    t = float(start.min()) if len(start) else 0.0
+    for _ in range(4 * len(alone) + 4):  # every pass starts or finishes a rank: bounded
+        busy = (start <= t) & np.isnan(done)
+        if not np.isnan(done).any():
+            break
+        rate = np.where(busy, slow if busy.sum() >= 2 else 1.0, 0.0)
+        finish = np.where(busy & (rate > 0), t + left / np.where(rate > 0, rate, 1.0), np.inf)
+        arrive = np.where(start > t, start, np.inf)
+        t_next = float(min(finish.min(), arrive.min()))
+        left = np.maximum(left - rate * (t_next - t), 0.0)
+        t = t_next
+        ended = busy & (left <= 1e-15 * np.maximum(alone, 1.0))
+        done[ended] = t
+    return done - start
 
 
 def resolve_colocation(mode: str, profile: Any, *, measuring: bool, cores: Sequence[int] | None = None,

@@ -7,9 +7,11 @@
    (``costmodel.collectives.workers.place_ranks``), and the profile measured with one
    thread (every rank runs one thread on its one core, as the expert-parallel ranks do);
 2. picks, per family of the profile, ``per_family`` (2-4) profiled kernels spanning its
-   size range by ``bytes_moved`` (smallest, largest, evenly between; kernels whose profiled
-   median exceeds ``max_call_s`` are left out so the run stays bounded, the smallest kept
-   where none is under it);
+   size range by ``bytes_moved`` (smallest, largest, and those nearest to log-spaced bytes
+   between, so a family of many small kernels and a few large ones is measured across its
+   sizes, which is where the factor changes; kernels whose profiled median exceeds
+   ``max_call_s`` are left out so the run stays bounded, the smallest kept where none is
+   under it);
 3. launches W gloo processes with the project's launcher (``run_workers``), each pinned
    to its core (``costmodel.colocation.rank``): rank 0 times each kernel alone and while
    the twins run the same kernel back to back, ``rounds`` times each, alternating;
@@ -43,7 +45,7 @@ from costmodel.measure.timing import TimingConfig
 log = logging.getLogger(__name__)
 
 PER_FAMILY = (2, 4)  # allowed kernels per family
-DEFAULT_PER_FAMILY = 3  # small, mid, large by bytes
+DEFAULT_PER_FAMILY = 4  # log-spaced by bytes, smallest to largest: where the factor changes
 DEFAULT_MAX_CALL_S = 0.02  # profiled median above this: too slow to repeat within the budget
 #: the measurement's timing: the project's defaults (conf/base.yaml) in 6 short rounds of each condition, so a
 #: spell of other load on the machine hits a round or two, not a whole condition (on the busy 2-core VM, with 4
@@ -90,9 +92,23 @@ def pick_kernels(profile: Any, *, per_family: int = DEFAULT_PER_FAMILY, max_call
         rows = [(s, r) for s, r in zip(specs, table.to_dict("records")) if r["family"] == fam]
         fast = [x for x in rows if x[1]["median_s"] <= max_call_s] or [min(rows, key=lambda x: x[1]["median_s"])]
         fast.sort(key=lambda x: (x[1]["bytes_moved"], x[1]["median_s"]))
-        idx = sorted({int(round(i)) for i in np.linspace(0, len(fast) - 1, min(per_family, len(fast)))})
-        out[fam] = [fast[i] for i in idx]
+        out[fam] = [fast[i] for i in log_spaced(np.array([x[1]["bytes_moved"] for x in fast], dtype=float), per_family)]
     return out
+
+
+def log_spaced(sorted_bytes: np.ndarray, n: int) -> list[int]:
+    """Indices of up to ``n`` distinct entries of ``sorted_bytes`` (ascending) nearest to ``n``
+    log-spaced targets from the smallest to the largest (the ends always included)."""
+    if len(sorted_bytes) == 0:
+        return []
+    logs = np.log2(1.0 + np.maximum(sorted_bytes, 0.0))
+    chosen: list[int] = []
+    for target in np.linspace(logs[0], logs[-1], min(n, len(logs))):
+        order = np.argsort(np.abs(logs - target), kind="stable")
+        pick = next((int(i) for i in order if int(i) not in chosen), None)
+        if pick is not None:
+            chosen.append(pick)
+    return sorted(chosen)
 
 
 def _loadavg() -> list[float] | None:

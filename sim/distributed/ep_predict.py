@@ -299,11 +299,13 @@ def _collective(cm: Any, send_bytes: np.ndarray, level: str) -> np.ndarray:
     return out
 
 
-def rank_timelines(compute_s: Sequence[Mapping[str, float]], collectives: Mapping[str, Sequence[np.ndarray]]
-                   ) -> list[RankTimeline]:
+def rank_timelines(compute_s: Sequence[Mapping[str, float]], collectives: Mapping[str, Sequence[np.ndarray]],
+                   alone_s: Sequence[Mapping[str, float]] | None = None) -> list[RankTimeline]:
     """The wait rule of the module docstring, over ranks: ``compute_s[r][phase]`` the rank's
     local seconds per phase (first in the phase), ``collectives[phase]`` the [W] seconds of
-    each all-to-all that ends the phase, in order."""
+    each all-to-all that ends the phase, in order. ``alone_s`` (the same seconds as measured
+    alone, where ``compute_s`` is co-located): a phase's local work lasts as
+    ``costmodel.colocation.overlapped_seconds`` says, slowed only while another rank is busy."""
     W = len(compute_s)
     clock = np.zeros(W)
     phases: list[dict[str, tuple[float, float]]] = [{} for _ in range(W)]
@@ -313,6 +315,10 @@ def rank_timelines(compute_s: Sequence[Mapping[str, float]], collectives: Mappin
     for p in PHASES:
         start = clock.copy()
         local = np.array([float(compute_s[r].get(p, 0.0)) for r in range(W)])
+        if alone_s is not None:
+            from costmodel.colocation import overlapped_seconds  # noqa: PLC0415
+
+            local = overlapped_seconds([float(alone_s[r].get(p, 0.0)) for r in range(W)], local, clock)
         clock = clock + local
         waited, spent = np.zeros(W), np.zeros(W)
         for c in collectives.get(p, ()):
@@ -331,24 +337,30 @@ def _level_timelines(kernels: list[dict[str, list[KernelSpec]]], comm: Mapping[s
                      colocation: Any = None) -> dict[str, list[RankTimeline]]:
     W = len(kernels)
     traces = [kernels[r][p] for r in range(W) for p in PHASES]
+    alone_seconds = kernel_times(traces)
+    seconds = alone_seconds
     if colocation is not None:
         from costmodel.colocation import colocated_kernel_times  # noqa: PLC0415
 
-        kernel_times = colocated_kernel_times(kernel_times, colocation)
-    seconds = kernel_times(traces)
+        seconds = colocated_kernel_times(kernel_times, colocation)(traces)
     out = {}
     for lv in levels:
         per = np.asarray(seconds[lv], dtype=np.float64).reshape(W, len(PHASES))
         compute = [{p: float(per[r, i]) for i, p in enumerate(PHASES)} for r in range(W)]
+        alone = None
+        if colocation is not None:
+            solo = np.asarray(alone_seconds[lv], dtype=np.float64).reshape(W, len(PHASES))
+            alone = [{p: float(solo[r, i]) for i, p in enumerate(PHASES)} for r in range(W)]
         colls = {p: [_collective(collective_model, b, lv) for b in mats] for p, mats in comm.items()}
-        out[lv] = rank_timelines(compute, colls)
+        out[lv] = rank_timelines(compute, colls, alone_s=alone)
     return out
 
 
 def predict_ep_step(cfg: MoEConfig, plan: EPPlan, kernel_times: KernelTimes, collective_model: Any, *,
                     levels: Sequence[str] = LEVELS, colocation: Any = None) -> EPStepPrediction:
     """The predicted step of ``plan`` (and of its balanced counterpart) at every level;
-    ``colocation`` (``ColocationFactors`` or None): each kernel times its family's factor."""
+    ``colocation`` (``ColocationFactors`` or None): each kernel times its family's factor at
+    its bytes while another rank is busy too (``rank_timelines``' ``alone_s``)."""
     W = plan.world_size
     L = plan.placement.max_slots_per_rank()
     counts = np.full((W, W), float(L * COUNT_BYTES))

@@ -149,10 +149,20 @@ def collective_level(cm: Any, level: str) -> str:
     return level if level in levels else levels[0]
 
 
-def compose_step(level: str, send_s: np.ndarray, halo_s: np.ndarray, layer_s: np.ndarray) -> PredictedStep:
+def compose_step(level: str, send_s: np.ndarray, halo_s: np.ndarray, layer_s: np.ndarray,
+                 alone: tuple[np.ndarray, np.ndarray] | None = None) -> PredictedStep:
     """The step of ranks whose phases take these times: the all-to-all starts on every rank
-    at the latest send end (the module docstring's rule)."""
+    at the latest send end (the module docstring's rule). ``alone``: the (send, layer) seconds
+    of each rank measured alone, where ``send_s`` and ``layer_s`` are co-located: each local
+    phase then lasts as ``costmodel.colocation.overlapped_seconds`` says (slowed only while
+    another rank is busy too)."""
     send_s, halo_s, layer_s = (np.asarray(a, dtype=np.float64) for a in (send_s, halo_s, layer_s))
+    if alone is not None:
+        from costmodel.colocation import overlapped_seconds  # noqa: PLC0415
+
+        send_s = overlapped_seconds(alone[0], send_s)
+        layer_start = send_s.max() + halo_s
+        layer_s = overlapped_seconds(alone[1], layer_s, layer_start)
     wait = send_s.max() - send_s
     return PredictedStep(level, send_s, halo_s, wait, layer_s)
 
@@ -169,20 +179,30 @@ def trace_seconds(model: Any, trace: Sequence[KernelSpec], levels: Sequence[str]
 
 def predict_partition_step(model: Any, collective_model: Any, cfg: GNNConfig, plan: PartitionPlan, edge_index: Any,
                            *, levels: Sequence[str] = LEVELS, traces: Sequence[dict[str, list[KernelSpec]]] | None = None,
-                           balanced: bool = True) -> dict[str, PredictedStep]:
+                           balanced: bool = True, colocation: Any = None) -> dict[str, PredictedStep]:
     """Every level's ``PredictedStep`` of ``cfg`` on ``plan``: kernels by ``model`` (a
     ``CostModel``: ``predict`` per level), the halo by ``collective_model``
     (``predict_all_to_all_s(send_bytes [W, W], level=...) -> [W]``); ``traces`` (per rank,
-    ``rank_traces``) when already built."""
+    ``rank_traces``) when already built; ``colocation`` (``costmodel.colocation``'s factors, or
+    None: as measured alone): every kernel's seconds times its family's factor at its bytes
+    while another rank runs beside it (``overlapped_seconds``: a rank whose twin has finished
+    runs alone; the halo is not scaled, it was measured between the processes)."""
+    from costmodel.colocation import colocated_trace_seconds  # noqa: PLC0415
+
     W = plan.world_size
     traces = list(traces) if traces is not None else [rank_traces(cfg, plan, edge_index, r) for r in range(W)]
-    per_rank = [{ph: trace_seconds(model, t[ph], levels) for ph in ("send", "layer")} for t in traces]
+    alone = [{ph: trace_seconds(model, t[ph], levels) for ph in ("send", "layer")} for t in traces]
+    per_rank = alone if colocation is None else [
+        {ph: colocated_trace_seconds(t[ph], lambda tr: trace_seconds(model, tr, levels), colocation)
+         for ph in ("send", "layer")} for t in traces]
     note = collective_model.extrapolating(plan.halo_send_bytes) if hasattr(collective_model, "extrapolating") else None
     out = {}
     for lv in levels:
         halo = np.asarray(collective_model.predict_all_to_all_s(plan.halo_send_bytes, level=collective_level(collective_model, lv)),
                           dtype=np.float64)
-        step = compose_step(lv, [p["send"][lv] for p in per_rank], halo, [p["layer"][lv] for p in per_rank])
+        step = compose_step(lv, [p["send"][lv] for p in per_rank], halo, [p["layer"][lv] for p in per_rank],
+                            alone=None if colocation is None else ([p["send"][lv] for p in alone],
+                                                                   [p["layer"][lv] for p in alone]))
         step.collective_note = note
         out[lv] = step
     if balanced and W > 1:

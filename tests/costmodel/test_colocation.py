@@ -128,3 +128,57 @@ def test_factors_scale_each_family_and_nothing_else():
     assert colocated_kernel_times(per_kernel, None) is per_kernel
     one = colocated_trace_seconds([gemm, ew], lambda t: {"L3": float(per_kernel([t])["L3"][0])}, f)
     assert one == {"L3": 2 * 2.0 + 20.0}
+
+
+def _by_size(ratios_by_bytes):
+    """Factors whose gemm kernels were measured at these (bytes, ratio) points."""
+    kernels = [{"bytes_moved": float(b), "ratio": float(r)} for b, r in ratios_by_bytes]
+    family = float(np.median([r for _, r in ratios_by_bytes]))
+    return ColocationFactors(factors={"gemm": family}, placement={"id": "cores0-1-w2"}, measured_at="", source="t",
+                             kernels={"gemm": kernels})
+
+
+def test_the_factor_follows_the_kernels_bytes_between_the_measured_sizes():
+    """Interpolated in log2 bytes between measured kernels, held flat beyond them; the family's
+    median without bytes, and with a single measured size."""
+    f = _by_size([(1023, 1.0), (2 ** 20 - 1, 1.2), (2 ** 30 - 1, 1.4)])
+    assert f.factor("gemm", 1023) == pytest.approx(1.0)
+    assert f.factor("gemm", 2 ** 15 - 1) == pytest.approx(1.1)  # log2 15 lies halfway between 10 and 20
+    assert f.factor("gemm", 2 ** 25 - 1) == pytest.approx(1.3)
+    assert f.factor("gemm", 10) == pytest.approx(1.0) and f.factor("gemm", 2 ** 40) == pytest.approx(1.4)
+    assert f.factor("gemm") == pytest.approx(1.2)
+    assert _by_size([(4096, 1.3)]).factor("gemm", 10) == pytest.approx(1.3)
+    assert "gemm 1.00x at 1.02 kB .. 1.40x at 1.07 GB" in f.describe()
+
+
+def test_a_trace_is_scaled_kernel_by_kernel_at_its_bytes():
+    small, large = GemmSpec(1, 8, 8), GemmSpec(2048, 2048, 2048)
+    f = _by_size([(small.bytes_moved(), 1.0), (large.bytes_moved(), 1.5)])
+
+    def seconds_of(trace):  # 1 s per kernel
+        return {"L3": float(len(trace))}
+
+    assert colocated_trace_seconds([small, large, large], seconds_of, f) == {"L3": pytest.approx(1.0 + 2 * 1.5)}
+    both = colocated_kernel_times(lambda ts: {"L3": np.array([float(len(t)) for t in ts])}, f)([[small], [large]])
+    np.testing.assert_allclose(both["L3"], [1.0, 1.5])
+
+
+def test_kernels_to_measure_span_the_bytes_in_log_steps():
+    """Many small kernels and few large ones: the picks reach across the sizes, ends included."""
+    from costmodel.colocation.measure import log_spaced
+
+    sizes = np.array([1, 2, 3, 4, 5, 6, 7, 8, 1e3, 1e6, 1e9], dtype=float)
+    assert log_spaced(sizes, 4) == [0, 8, 9, 10]
+    assert log_spaced(sizes[:2], 4) == [0, 1] and log_spaced(np.array([]), 3) == []
+
+
+def test_overlapped_seconds_by_hand():
+    from costmodel.colocation import overlapped_seconds
+
+    np.testing.assert_allclose(overlapped_seconds([10.0, 10.0], [14.0, 14.0]), [14.0, 14.0])  # side by side throughout
+    np.testing.assert_allclose(overlapped_seconds([0.0, 10.0], [0.0, 14.0]), [0.0, 10.0])  # alone throughout
+    # rank 1 starts 5 s late: rank 0 runs 5 s alone, both then at 1/1.4 until rank 0's last 5 s take 7 s (t=12);
+    # rank 1 has done 5 s of its 10 by then and runs the rest alone (t=17): 12 s each from their own starts
+    np.testing.assert_allclose(overlapped_seconds([10.0, 10.0], [14.0, 14.0], [0.0, 5.0]), [12.0, 12.0])
+    with pytest.raises(ValueError, match=re.escape("alone_s, colocated_s and start_s must be [W] vectors")):
+        overlapped_seconds([1.0, 2.0], [1.0])

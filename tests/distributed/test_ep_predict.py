@@ -58,6 +58,16 @@ def test_the_wait_rule_by_hand():
     assert list(r0.phases) == list(PHASES)
 
 
+def test_co_located_work_is_slowed_only_while_the_other_rank_is_busy():
+    """Experts alone 1 s and 4 s, co-located 2 s and 8 s (2x): rank 0 finishes at 2 s, rank 1
+    has done 1 s of its work by then and runs the other 3 s alone: 5 s, not 8."""
+    alone = [{"experts": 1.0}, {"experts": 4.0}]
+    r0, r1 = rank_timelines([{"experts": 2.0}, {"experts": 8.0}], {}, alone_s=alone)
+    assert r0.compute_s["experts"] == pytest.approx(2.0) and r1.compute_s["experts"] == pytest.approx(5.0)
+    same = rank_timelines([{"experts": 2.0}, {"experts": 8.0}], {})
+    assert same[1].compute_s["experts"] == pytest.approx(8.0)  # without alone_s: as given
+
+
 def test_timeline_phases_and_step_on_the_hand_plan():
     plan = plan_expert_parallel(CFG, IDS, world_size=2, placement="contiguous")
     cm = FakeCollectives([1e-6, 2e-6])
@@ -158,7 +168,7 @@ def test_every_backend_writes_its_expert_kernels_from_its_own_trace(backend):
     assert moe_backend(backend).name == backend
 
 
-def test_a_colocation_factor_of_two_doubles_the_experts_phase_and_nothing_else():
+def test_a_colocation_factor_of_two_doubles_the_experts_phase_while_both_ranks_run_and_nothing_else():
     from dataclasses import replace
 
     from costmodel.colocation import ColocationFactors
@@ -170,11 +180,15 @@ def test_a_colocation_factor_of_two_doubles_the_experts_phase_and_nothing_else()
     alone = predict_ep_step(cfg, plan, flops_times, cm)
     beside = predict_ep_step(cfg, plan, flops_times, cm, colocation=twice)
     kernels = ep_rank_kernels(cfg, plan)
+    first = int(np.argmin([t.phases["experts"][1] for t in beside.timelines["L3"]]))  # the rank done first
     for r in range(2):
         a, b = alone.timelines["L3"][r], beside.timelines["L3"][r]
         grouped = float(flops_times([[s for s in kernels[r]["experts"] if s.family == "grouped_gemm"]])["L3"][0])
         assert grouped > 0
-        assert b.compute_s["experts"] == pytest.approx(a.compute_s["experts"] + grouped)  # its grouped GEMMs twice
+        if r == first:  # its twin busy throughout: its grouped GEMMs twice
+            assert b.compute_s["experts"] == pytest.approx(a.compute_s["experts"] + grouped)
+        else:  # slowed while the first rank runs, alone after it
+            assert a.compute_s["experts"] < b.compute_s["experts"] < a.compute_s["experts"] + grouped
         for p in PHASES:
             assert b.collective_s[p] == a.collective_s[p]  # collectives untouched
             if p != "experts":
@@ -187,8 +201,12 @@ def test_a_colocation_factor_of_two_doubles_the_experts_phase_and_nothing_else()
     alone = predict_ep_step(cfg, plan, experts_gemm_times, cm)
     beside = predict_ep_step(cfg, plan, experts_gemm_times, cm, colocation=twice)
     for lv in ("L0", "L3"):
+        short, long_ = sorted(range(2), key=lambda r: alone.timelines[lv][r].compute_s["experts"])
+        a_s, a_l = (alone.timelines[lv][r].compute_s["experts"] for r in (short, long_))
+        assert beside.timelines[lv][short].compute_s["experts"] == pytest.approx(2 * a_s)  # beside its twin throughout
+        assert beside.timelines[lv][long_].compute_s["experts"] == pytest.approx(2 * a_s + (a_l - a_s))  # alone after
         for a, b in zip(alone.timelines[lv], beside.timelines[lv]):
-            assert a.compute_s["experts"] > 0 and b.compute_s["experts"] == pytest.approx(2 * a.compute_s["experts"])
+            assert a.compute_s["experts"] > 0
             assert {p: b.compute_s[p] for p in PHASES if p != "experts"} == \
                    {p: a.compute_s[p] for p in PHASES if p != "experts"}
             assert b.collective_s == a.collective_s

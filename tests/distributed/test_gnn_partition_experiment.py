@@ -44,6 +44,9 @@ def test_tiny_run_writes_the_common_schema_held_out(tiny_run):
     assert details["scoring"] == "held-out" and details["heldout"]["scored"] and details["heldout"]["excluded_kernels"] > 0
     assert set(details["profile_lookup"]["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
     assert details["threads_per_rank"] == 1 and details["world_size"] == 2
+    colo = details["colocation"]  # measured first into the empty profile, then applied to every rank's kernels
+    assert colo["mode"] == "profile" and colo["applied"] and colo["factors"]
+    assert {"median_ape_L3_pct", "median_ape_L3_pct_alone", "median_pred_over_measured_L3_alone"} <= set(colo)
     assert multiprocessing.active_children() == []
 
 
@@ -104,6 +107,10 @@ def test_predict_only_what_if_at_a_larger_world_size_says_it_extrapolates(tiny_r
     (["gnn.out_features=-2"], "gnn.out_features must be a positive integer (>= 1), got -2"),
     (["partition.repeats=2"], "partition.repeats must be an integer in [3, 200], got 2"),
     (["partition.collective_suite=huge"], "partition.collective_suite must be one of ['full', 'quick'], got 'huge'"),
+    (["partition.colocation=sometimes"], "partition.colocation must be one of ['measure', 'profile', 'off'], "
+                                         "got 'sometimes'"),
+    (["measure=false", "partition.colocation=measure"],
+     "partition.colocation must be 'profile' or 'off' with measure=false (measure=false predicts only), got 'measure'"),
     (["measure=false", "partition.whatif_world_size=1000"],
      "partition.whatif_world_size must be an integer in [2, 512], got 1000"),
 ])

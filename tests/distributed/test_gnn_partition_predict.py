@@ -84,6 +84,18 @@ def test_step_is_the_slowest_rank_with_the_all_to_all_starting_at_the_last_send(
     assert step.timeline()[0] == [("send", 0.0, 1.0), ("wait", 1.0, 2.0), ("halo", 3.0, 2.0), ("layer", 5.0, 5.0)]
 
 
+def test_a_rank_whose_twin_has_finished_runs_at_its_alone_speed():
+    """Co-located layer phases (alone 2 s and 10 s, 1.5x while both run): the short rank takes
+    3 s, the long one 3 s beside it (2 s of its work) and 8 s alone after (measured on EPYC:
+    a METIS rank with most of the edges ran at 1.0x of its predicted alone time past its twin)."""
+    step = compose_step("L3", send_s=[0.0, 0.0], halo_s=[0.0, 0.0], layer_s=[3.0, 15.0],
+                        alone=([0.0, 0.0], [2.0, 10.0]))
+    assert step.layer_s.tolist() == pytest.approx([3.0, 11.0])
+    even = compose_step("L3", send_s=[0.0, 0.0], halo_s=[0.0, 0.0], layer_s=[15.0, 15.0],
+                        alone=([0.0, 0.0], [10.0, 10.0]))
+    assert even.layer_s.tolist() == pytest.approx([15.0, 15.0])
+
+
 def test_predicted_step_by_hand_with_fake_models():
     plan = _plan()
     kernels, coll = FakeKernels(), FakeCollectives()
