@@ -49,15 +49,21 @@ def _require(cond: bool, msg: str) -> None:
         raise CollectiveSpecError(msg)
 
 
+def _check_numbers(values: dict[str, Any], limits: dict[str, tuple[float, float]], where: str,
+                   real: tuple[str, ...] = ()) -> None:
+    """Each field of ``limits`` in ``values`` a number in its [lo, hi], whole unless named in ``real``."""
+    for name, (lo, hi) in limits.items():
+        v = values[name]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+        if name not in real:
+            ok = ok and float(v).is_integer()
+        _require(ok, f"{where}.{name} must be {'a number' if name in real else 'an integer'} in [{lo}, {hi}], "
+                     f"got {v!r}")
+
+
 def _timing(raw: dict[str, Any], source: str) -> dict[str, float]:
     t = {"warmup": 3, "min_repeats": 7, "max_repeats": 41, "budget_s": 0.3, **(raw or {})}
-    for name, (lo, hi) in TIMING_LIMITS.items():
-        v = t[name]
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
-        if name != "budget_s":
-            ok = ok and float(v).is_integer()
-        _require(ok, f"{source}: timing.{name} must be {'an integer' if name != 'budget_s' else 'a number'} "
-                     f"in [{lo}, {hi}], got {v!r}")
+    _check_numbers(t, TIMING_LIMITS, f"{source}: timing", real=("budget_s",))
     _require(t["min_repeats"] <= t["max_repeats"],
              f"{source}: timing.min_repeats ({t['min_repeats']}) must be <= timing.max_repeats ({t['max_repeats']})")
     unknown = set(t) - set(TIMING_LIMITS)
@@ -73,13 +79,7 @@ def _step(raw: Any, source: str) -> dict[str, float] | None:
     unknown = set(raw) - set(STEP_LIMITS)
     _require(not unknown, f"{source}: unknown step field(s) {sorted(unknown)}; allowed: {list(STEP_LIMITS)}")
     t = {"repeats": 21, "evict_bytes": 128 * 2 ** 20, "lead_s": 3e-4, **raw}
-    for name, (lo, hi) in STEP_LIMITS.items():
-        v = t[name]
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
-        if name != "lead_s":
-            ok = ok and float(v).is_integer()
-        _require(ok, f"{source}: step.{name} must be {'an integer' if name != 'lead_s' else 'a number'} "
-                     f"in [{lo}, {hi}], got {v!r}")
+    _check_numbers(t, STEP_LIMITS, f"{source}: step", real=("lead_s",))
     return t
 
 
