@@ -314,9 +314,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                                         traces=pt["traces"], balanced=False, colocation=colo)
         row, point = _score_point(pt, held, lookup, timed)
         if colo is not None:
-            alone = predict_partition_step(heldout.model, cm, pt["cfg"], pt["plan"], pt["edge_index"], levels=("L3",),
-                                           traces=pt["traces"], balanced=False)
-            row["pred_alone_L3_s"] = alone["L3"].step_s
+            row["pred_alone_L3_s"] = held["L3"].extra["alone_step_s"]
         rows.append(row)
         per_point.append(point)
     df = pd.DataFrame(rows)

@@ -453,7 +453,7 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
 
     Missing profile, or one without rows of ``protocol``: ``CollectiveProfileError`` naming the
     folder and the bench command, or, with ``measure_if_missing``, the default suite is
-    measured first (about a minute and a half at W=2; rows are added, none replaced). The fit
+    measured first (about 30 s at W=2 on the 2-core VMs; rows are added, none replaced). The fit
     (seconds) is kept in memory until the profile's file changes.
     """
     w = check_world_size(world_size)

@@ -203,6 +203,9 @@ def predict_partition_step(model: Any, collective_model: Any, cfg: GNNConfig, pl
         step = compose_step(lv, [p["send"][lv] for p in per_rank], halo, [p["layer"][lv] for p in per_rank],
                             alone=None if colocation is None else ([p["send"][lv] for p in alone],
                                                                    [p["layer"][lv] for p in alone]))
+        if colocation is not None:  # the same step with every rank as if alone (details.colocation compares)
+            step.extra["alone_step_s"] = compose_step(lv, [p["send"][lv] for p in alone], halo,
+                                                      [p["layer"][lv] for p in alone]).step_s
         step.collective_note = note
         out[lv] = step
     if balanced and W > 1:
