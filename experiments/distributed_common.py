@@ -1,8 +1,9 @@
 """What the multi-process experiments (``moe_ep``, ``gnn_partition``) report alike: the gain of
 one variant over another (a load-aware expert placement over contiguous, METIS over random
 partitioning), measured and predicted, and how often the straggler rank was predicted right;
-the cores a run may pin its ranks to; the frame of their per-rank timeline plots; the
-console tail of a measured run."""
+the cores a run may pin its ranks to; the co-location factors of their ranks (``ep.colocation``,
+``partition.colocation``: ``costmodel.colocation.MODES``); the frame of their per-rank
+timeline plots; the console tail of a measured run."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
+from costmodel.colocation.apply import MODES as COLOCATION_MODES
 from experiments.common import console, plt, print_summary
 
 GAIN_LEVELS = ("L0", "L2", "L3")
@@ -98,16 +100,12 @@ def finish_timelines(fig: Any, handles: list[Any], *, wait_label: str, title: st
 
 # ----------------------------------------------------------------------------- co-location
 
-#: where the co-location factors come from (``ep.colocation``, ``partition.colocation``; ``costmodel.colocation.MODES``)
-COLOCATION_SOURCES = ("measure", "profile", "off")
-
-
 def colocation_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
-    return value in COLOCATION_SOURCES and (value != "measure" or cfg.get("measure", True) is not False)
+    return value in COLOCATION_MODES and (value != "measure" or cfg.get("measure", True) is not False)
 
 
 def colocation_words(cfg: Mapping[str, Any]) -> str:
-    return (f"one of {list(COLOCATION_SOURCES)}" if cfg.get("measure", True) is not False
+    return (f"one of {list(COLOCATION_MODES)}" if cfg.get("measure", True) is not False
             else "'profile' or 'off' with measure=false (measure=false predicts only)")
 
 

@@ -204,7 +204,7 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
     missing and ``measuring``), or (measure=false) a latency-bandwidth what-if with the W=2
     profile's all-to-all alpha and beta."""
     from costmodel.collectives import (  # noqa: PLC0415
-        CollectiveProfileError, bench_collectives, load_collective_model, make_latency_bandwidth_model,
+        CollectiveProfileError, bench_collectives, load_collective_model, load_step_model, make_latency_bandwidth_model,
     )
 
     root = rt.profile_root
@@ -215,9 +215,8 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
     except CollectiveProfileError as err:
         if not measuring:
             try:
-                cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, protocol="warm")
-                return cm, (f"collective profile {cm.describe_source()}, its warm rows (no {PROTOCOL!r} rows: "
-                            "measured before that protocol)")
+                cm, how = load_step_model(W, BACKEND, root)
+                return cm, f"collective profile {cm.describe_source()}, {how}"
             except CollectiveProfileError:
                 pass
             try:

@@ -21,6 +21,7 @@ _EXPORTS = {
     "bench_collectives": "bench", "BenchResult": "bench",
     "CollectiveProfile": "store", "CollectiveProfileError": "store",
     "CollectiveModel": "models", "load_collective_model": "models", "make_latency_bandwidth_model": "models",
+    "load_step_model": "models",
     "LatencyBandwidth": "models", "fit_collective_model": "models",
     "fit_report": "report",
     "run_workers": "workers", "WorkerSetupError": "workers",

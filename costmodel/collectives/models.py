@@ -481,6 +481,18 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
     return _FITTED[key]
 
 
+def load_step_model(world_size: int, backend: str = "gloo", profile_root: str | Path = "profiles",
+                    *, dtype: str = "float32") -> tuple[CollectiveModel, str]:
+    """The ``step`` model of the profile, or (a profile measured before the step protocol) its
+    ``warm`` model, with a note saying which; measures nothing (a predict-only run's choice).
+    ``CollectiveProfileError`` when the profile holds neither."""
+    try:
+        return load_collective_model(world_size, backend, profile_root, dtype=dtype, protocol="step"), "step protocol"
+    except CollectiveProfileError:
+        cm = load_collective_model(world_size, backend, profile_root, dtype=dtype, protocol="warm")
+        return cm, "its warm rows (no 'step' rows: measured before that protocol)"
+
+
 #: the last model fitted in this process, keyed by its profile file's path, mtime and size, and the protocol
 #: (an in-memory cache only: fitted models are derived data, never pickled)
 _FITTED: dict[tuple, CollectiveModel] = {}

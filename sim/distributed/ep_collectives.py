@@ -155,23 +155,19 @@ def collective_model_for(world_size: int, backend: str, profile_root: str | Path
     without, a profile measured before the step protocol answers with its ``warm`` rows, and
     ``how`` says so)."""
     try:
-        from costmodel.collectives import CollectiveProfileError, load_collective_model  # noqa: PLC0415
+        from costmodel.collectives import CollectiveProfileError, load_collective_model, load_step_model  # noqa: PLC0415
     except ImportError as err:
         return None, f"costmodel.collectives has no collective model ({err})"
+    where = f"collective profile {backend} W={world_size} (costmodel.collectives)"
     try:
+        if protocol == "step" and not measure_if_missing:
+            cm, how = load_step_model(world_size, backend, str(profile_root))
+            return cm, f"{where}, {how}"
         cm = load_collective_model(world_size=world_size, backend=backend, profile_root=str(profile_root),
                                    measure_if_missing=measure_if_missing, protocol=protocol)
     except CollectiveProfileError as err:
-        if measure_if_missing or protocol == "warm":
-            return None, f"no collective profile for {backend} W={world_size}: {err}"
-        try:
-            cm = load_collective_model(world_size=world_size, backend=backend, profile_root=str(profile_root),
-                                       protocol="warm")
-        except CollectiveProfileError:
-            return None, f"no collective profile for {backend} W={world_size}: {err}"
-        return cm, (f"collective profile {backend} W={world_size} (costmodel.collectives), its warm rows: it holds "
-                    f"no {protocol!r} rows (measured before that protocol)")
-    return cm, f"collective profile {backend} W={world_size} (costmodel.collectives), {protocol} protocol"
+        return None, f"no collective profile for {backend} W={world_size}: {err}"
+    return cm, f"{where}, {protocol} protocol"
 
 
 def whatif_from(base: Any, world_size: int) -> Any:

@@ -269,6 +269,11 @@ def test_a_profile_from_before_the_step_protocol_reads_as_warm_and_asks_for_a_be
     with pytest.raises(CollectiveProfileError, match=re.escape("holds no rows of the 'step' timing protocol")) as err:
         load_collective_model(world_size=2, backend="gloo", profile_root=old, protocol="step")
     assert f"python -m costmodel.collectives bench world_size=2 profile_root={old}" in str(err.value)
+    from costmodel.collectives import load_step_model
+
+    model, how = load_step_model(2, "gloo", old)  # a predict-only run: the warm rows, and says so
+    assert model.protocol == "warm" and "no 'step' rows" in how
+    assert load_step_model(2, "gloo", measured["root"])[0].protocol == "step"
 
 
 def _spawned_children() -> list[psutil.Process]:
