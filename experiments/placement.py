@@ -17,10 +17,13 @@ and measured latencies, then run every placement for real and compare the makesp
    measured latencies): predicted makespan, realised makespan (the placement's makespan
    under the measured latencies) and regret against the oracle's realised makespan.
    Where the devices run together (pairwise disjoint cores), each 1-thread device's level
-   predictions are multiplied per kernel family by the co-location factors of its profile
-   (``costmodel.colocation``: measured alone and beside a twin on another core;
-   ``placement.colocation``: ``profile``, the default, uses them where measured, ``off``
-   ignores them); the oracle's measured latencies were taken alone and stay as they are.
+   predictions are multiplied per kernel by the co-location factors of its profile
+   (``costmodel.colocation``: measured alone, beside a twin and beside a memory-streaming
+   neighbour on another core), at the pressure of the workload pool (the neighbour's memory
+   traffic, ``sim.place.placement.pool_pressure``: which workloads the neighbour runs is what
+   is being decided); ``placement.colocation``: ``profile``, the default, uses them where
+   measured, ``off`` ignores them. The oracle's measured latencies were taken alone and stay
+   as they are.
 4. ``sim.place.executor.run_placements`` runs each distinct placement for real (one pinned worker
    process per device, started together; devices whose cores overlap run alone, one after
    the other): the measured makespan and its regret against the oracle's.
@@ -54,7 +57,9 @@ from experiments.common import (  # noqa: E402
 from experiments.workloads import evaluate_workloads  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
-from sim.place.placement import SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place  # noqa: E402
+from sim.place.placement import (  # noqa: E402
+    SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place, pool_pressure,
+)
 from sim.place.placement_workloads import calibration_suite  # noqa: E402
 from sim.workloads.workload import Workload  # noqa: E402
 
@@ -329,7 +334,18 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     oracle.__name__ = ORACLE
     together = devices_can_run_together(devices)
     devices, colocation = colocated_devices(devices, rt0, p.get("colocation", "profile"), together)
+    colocation["neighbour_pressure"] = {d.name: {lv: pool_pressure(workloads, d, lv) for lv in levels if lv in LEVELS}
+                                        for d in devices if d.colocation is not None}
     console.print(f"co-location: {colocation['how']}")
+    for name, by_level in colocation["neighbour_pressure"].items():
+        if any(v is not None for v in by_level.values()):
+            console.print(f"co-location: {name}'s neighbour, the workload pool on average, loads memory at "
+                          + ", ".join(f"{v:.2f}" for lv, v in by_level.items() if v is not None)
+                          + f" ({', '.join(lv for lv, v in by_level.items() if v is not None)}) of the stream "
+                          "neighbour's rate (0: each kernel as alone, 1: as beside the stream)")
+        else:
+            console.print(f"co-location: {name}'s factors were measured without the stream neighbour: each kernel "
+                          "as beside its twin (python -m costmodel.colocation measure threads=1 measures both)")
     check_inputs(workloads, devices, oracle)
     solver_args = {"solver": p["solver"], "exact_max_binaries": int(p["exact_max_binaries"]),
                    "time_limit_s": float(p["time_limit_s"])}

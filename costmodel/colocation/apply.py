@@ -6,11 +6,16 @@ of ``costmodel.colocation.measure`` scale each kernel's predicted seconds by its
 factor at its bytes (``ColocationFactors.factor(family, bytes_moved)``); collectives are not
 scaled (they are measured between the processes already).
 
-- ``colocated_kernel_times(kernel_times, colocation)``: wraps a kernel-time function
-  (``traces -> {level: [seconds per trace]}``, as ``sim.distributed.ep_predict`` takes): each
-  trace is split into parts of one family and one factor (to 0.01), every part predicted in
-  one call, scaled by its factor and summed back (so the cold-call overhead a cost model adds
-  per kernel is scaled too: the ratio was measured on whole calls);
+- ``colocated_kernel_times(kernel_times, colocation, pressure=None)``: wraps a kernel-time
+  function (``traces -> {level: [seconds per trace]}``, as ``sim.distributed.ep_predict``
+  takes): each trace is split into parts of one family and one factor (to 0.01), every part
+  predicted in one call, scaled by its factor and summed back (so the cold-call overhead a cost
+  model adds per kernel is scaled too: the ratio was measured on whole calls). The factor is
+  the twin's (ranks running the same kind of work), or with ``pressure`` the one beside a
+  neighbour of that pressure (``ColocationFactors.factor``; devices running different work);
+- ``neighbour_pressure(colocation, traces, seconds)``: the pressure of a neighbour running
+  ``traces`` in ``seconds`` (their kernels' bytes beyond the private cache per second, as a
+  share of the stream neighbour's rate); None without the stream measurement;
 - ``colocated_trace_seconds(trace, seconds_of, colocation)``: the same for one trace and a
   ``trace -> {level: seconds}`` function (``sim.distributed.gnn_partition_predict.trace_seconds``);
 - ``overlapped_seconds(alone_s, colocated_s, start_s)``: how long each rank's local work takes
@@ -35,25 +40,28 @@ from costmodel.colocation.store import ColocationError, ColocationFactors, load_
 MODES = ("measure", "profile", "off")
 
 
-def _by_factor(trace: Sequence[Any], colocation: ColocationFactors) -> dict[tuple[str, float], list[Any]]:
-    """The trace's kernels grouped by (family, factor at their bytes, to 0.01)."""
+def _by_factor(trace: Sequence[Any], colocation: ColocationFactors,
+               pressure: float | None = None) -> dict[tuple[str, float], list[Any]]:
+    """The trace's kernels grouped by (family, factor at their bytes and the neighbour's pressure, to 0.01)."""
     parts: dict[tuple[str, float], list[Any]] = {}
     for spec in trace:
-        f = round(colocation.factor(spec.family, float(spec.bytes_moved())), 2)
+        f = round(colocation.factor(spec.family, float(spec.bytes_moved()), pressure=pressure), 2)
         parts.setdefault((spec.family, f), []).append(spec)
     return parts
 
 
 def colocated_kernel_times(kernel_times: Callable[[Sequence[Sequence[Any]]], Mapping[str, np.ndarray]],
-                           colocation: ColocationFactors | None) -> Callable[[Sequence[Sequence[Any]]], dict[str, np.ndarray]]:
-    """``kernel_times`` with every kernel's seconds times its factor (unchanged for None)."""
+                           colocation: ColocationFactors | None, *,
+                           pressure: float | None = None) -> Callable[[Sequence[Sequence[Any]]], dict[str, np.ndarray]]:
+    """``kernel_times`` with every kernel's seconds times its factor (unchanged for None): beside
+    its twin, or beside a neighbour of ``pressure`` (``ColocationFactors.factor``)."""
     if colocation is None:
         return kernel_times  # type: ignore[return-value]
 
     def times(traces: Sequence[Sequence[Any]]) -> dict[str, np.ndarray]:
         owner, factor, parts = [], [], []
         for i, trace in enumerate(traces):
-            for (_, f), specs in _by_factor(trace, colocation).items():
+            for (_, f), specs in _by_factor(trace, colocation, pressure).items():
                 owner.append(i)
                 factor.append(f)
                 parts.append(specs)
@@ -79,6 +87,15 @@ def colocated_trace_seconds(trace: Sequence[Any], seconds_of: Callable[[Sequence
         for lv, s in seconds_of(specs).items():
             out[lv] = out.get(lv, 0.0) + f * float(s)
     return out
+
+
+def neighbour_pressure(colocation: ColocationFactors | None, traces: Sequence[Sequence[Any]],
+                       seconds: float) -> float | None:
+    """``ColocationFactors.pressure_of`` of every kernel of ``traces`` run back to back in
+    ``seconds`` (predicted alone); None without factors or without the stream measurement."""
+    if colocation is None or not colocation.has_stream:
+        return None
+    return colocation.pressure_of([float(s.bytes_moved()) for t in traces for s in t], seconds)
 
 
 def overlapped_seconds(alone_s: Sequence[float], colocated_s: Sequence[float],

@@ -13,11 +13,20 @@
    ``max_call_s`` are left out so the run stays bounded, the smallest kept where none is
    under it);
 3. launches W gloo processes with the project's launcher (``run_workers``), each pinned
-   to its core (``costmodel.colocation.rank``): rank 0 times each kernel alone and while
-   the twins run the same kernel back to back, ``rounds`` times each, alternating;
-4. stores per kernel ratio = median(beside) / median(alone) (medians over rounds of the
-   per-round medians, as ``DeviceProfile.kernels`` combines rounds), and per family the
-   median of its kernels' ratios, in ``colocation.json`` (``costmodel.colocation.store``).
+   to its core (``costmodel.colocation.rank``): rank 0 times each kernel alone, while the
+   twins run the same kernel back to back, and (``stream``, the default) while the others
+   run the stream neighbour (``rank.StreamNeighbour``: a copy through 256 MiB buffers),
+   ``rounds`` times each, the order rotating; it first times the stream neighbour alone
+   (its bytes per second);
+4. stores per kernel ratio = median(beside) / median(alone) and stream_ratio =
+   median(beside the stream) / median(alone) (medians over rounds of the per-round medians,
+   as ``DeviceProfile.kernels`` combines rounds), per family the median of its kernels'
+   ratios, and the stream neighbour's rate and this core's private (L2) cache size, in
+   ``colocation.json`` (``costmodel.colocation.store``);
+5. checks the pressure model on the twins: a twin is a neighbour of known pressure (the
+   kernel's own, ``ColocationFactors.pressure_of``), so the model's twin ratio,
+   1 + (stream_ratio - 1) x pressure, is compared with the twin ratio measured
+   (``model_check`` in the entry: median and largest absolute difference).
 
 Timing is the profile's: ``costmodel.measure.timing.measure`` with ``TimingConfig.per_round``
 (warm-up, blocks, median, IQR, retried while noisy), cold operands when the profile's
@@ -33,13 +42,14 @@ import os
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch.multiprocessing as mp
 
 from costmodel.collectives.workers import run_workers, usable_cores
-from costmodel.colocation.store import ColocationError, placement_id, save_entry
+from costmodel.colocation.store import ColocationError, ColocationFactors, placement_id, save_entry
 from costmodel.measure.timing import TimingConfig
 
 log = logging.getLogger(__name__)
@@ -53,6 +63,8 @@ DEFAULT_MAX_CALL_S = 0.02  # profiled median above this: too slow to repeat with
 DEFAULT_TIMING = TimingConfig(rounds=6)
 TWIN_MAX_S = 60.0  # a twin never runs longer than this beside one measurement
 BUSY_LOAD = 0.5  # 1-minute load average above this before a run: warn that others share the cores
+#: a core's private cache where sysfs does not say (the EPYC and Intel VMs' L2 is 1-2 MiB)
+DEFAULT_PRIVATE_CACHE_BYTES = float(2**20)
 
 
 def check_cores(cores: object) -> tuple[int, ...]:
@@ -122,10 +134,38 @@ def _median_of_rounds(records: list[dict[str, Any]], key: str = "median_s") -> f
     return float(statistics.median(r[key] for r in records))
 
 
+def private_cache_bytes(core: int) -> tuple[float, str]:
+    """Bytes of ``core``'s largest private cache (the L2 here; sysfs ``shared_cpu_list`` names only
+    that core) and where the figure came from; ``DEFAULT_PRIVATE_CACHE_BYTES`` when sysfs has none."""
+    base = Path(f"/sys/devices/system/cpu/cpu{int(core)}/cache")
+    best = 0.0
+    for index in sorted(base.glob("index*")) if base.is_dir() else []:
+        try:
+            kind = (index / "type").read_text().strip()
+            shared = (index / "shared_cpu_list").read_text().strip()
+            size = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        if kind == "Instruction" or shared != str(int(core)):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        value = float(size[:-1]) * units[size[-1]] if size[-1:] in units else float(size)
+        best = max(best, value)
+    if best > 0:
+        return best, f"{base} (largest cache private to core {core})"
+    return DEFAULT_PRIVATE_CACHE_BYTES, f"no private cache in {base}: assumed {DEFAULT_PRIVATE_CACHE_BYTES / 2**20:.0f} MiB"
+
+
 def _kernel_entry(spec: Any, row: dict[str, Any], result: dict[str, Any], twins: list[dict[str, Any]]) -> dict[str, Any]:
     alone, beside = result["alone"], result["beside"]
     a, b = _median_of_rounds(alone), _median_of_rounds(beside)
-    return {
+    streamed = {}
+    if result.get("stream"):
+        c = _median_of_rounds(result["stream"])
+        streamed = {"stream_median_s": c, "stream_ratio": c / a,
+                    "stream_round_ratios": [x["median_s"] / y["median_s"] for x, y in zip(result["stream"], alone)],
+                    "stream_round_medians_s": [x["median_s"] for x in result["stream"]]}
+    return {**streamed,
         "key": spec.key(), "label": spec.label(), "bytes_moved": float(spec.bytes_moved()), "flops": float(spec.flops()),
         "profiled_median_s": float(row["median_s"]),
         "alone_median_s": a, "beside_median_s": b, "ratio": b / a,
@@ -141,9 +181,10 @@ def _kernel_entry(spec: Any, row: dict[str, Any], result: dict[str, Any], twins:
 def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_family: int = DEFAULT_PER_FAMILY,
                        families: Sequence[str] | None = None, timing: TimingConfig | None = None,
                        max_call_s: float = DEFAULT_MAX_CALL_S, timeout_s: float = 600.0, measure_lock: bool = True,
-                       progress: bool = True) -> dict[str, Any]:
-    """Measure every family of ``profile`` (a ``DeviceProfile``) alone and beside its twins on
-    ``cores``; append the entry to the profile's colocation.json and return it."""
+                       progress: bool = True, stream: bool = True) -> dict[str, Any]:
+    """Measure every family of ``profile`` (a ``DeviceProfile``) alone, beside its twins and
+    (``stream``) beside the stream neighbour on ``cores``; append the entry to the profile's
+    colocation.json and return it."""
     placed = check_cores(cores)
     fp = profile.fingerprint
     if fp.device_kind != "cpu" or fp.threads != 1:
@@ -158,7 +199,8 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
     stop = mp.get_context("spawn").Event()
     if progress:
         print(f"colocation: {len(items)} kernels of {len(picked)} families, rank 0 on core {placed[0]} measured alone "
-              f"and beside {W - 1} twin(s) on cores {list(placed[1:])}, {timing.rounds} rounds each", flush=True)
+              f"and beside {W - 1} twin(s){' and the stream neighbour' if stream else ''} on cores {list(placed[1:])}, "
+              f"{timing.rounds} rounds each", flush=True)
     if measure_lock:
         from costmodel.store.locks import measuring
         ctx = measuring(f"colocation measurement on cores {list(placed)}")
@@ -177,10 +219,10 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
     with ctx:
         run = run_workers(W, measure_pairs, ([s.to_record() for _, s, _ in items], list(placed), timing_fields,
                                              int(timing.rounds), fp.cache == "cold", fp.allocator, stop, TWIN_MAX_S,
-                                             progress),
+                                             progress, stream),
                           timeout_s=timeout_s, placement="require", world_size_field="colocation world_size")
     wall = time.monotonic() - start
-    measured, twins = run.results[0], run.results[1:]
+    measured, twins = run.results[0]["items"], [r["items"] for r in run.results[1:]]
     families_out: dict[str, Any] = {}
     for i, (fam, spec, row) in enumerate(items):
         k = _kernel_entry(spec, row, measured[i], [t for tw in twins for t in tw[i]["twin"]])
@@ -189,6 +231,19 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
         v["factor"] = float(statistics.median(k["ratio"] for k in v["kernels"]))
         v["alone_median_s"] = float(statistics.median(k["alone_median_s"] for k in v["kernels"]))
         v["beside_median_s"] = float(statistics.median(k["beside_median_s"] for k in v["kernels"]))
+        if stream:
+            v["stream_factor"] = float(statistics.median(k["stream_ratio"] for k in v["kernels"]))
+    neighbour = None
+    if stream:
+        cache_bytes, cache_source = private_cache_bytes(placed[0])
+        alone_rate = run.results[0]["stream_alone"]
+        beside_rates = [t["bytes_per_s"] for tw in twins for item in tw for t in item["stream_twin"]]
+        neighbour = {"what": "a copy through two 256 MiB float32 buffers, 8 MiB per call (costmodel.colocation.rank."
+                             "StreamNeighbour)",
+                     "buffer_bytes": alone_rate["buffer_bytes"], "bytes_per_call": alone_rate["bytes_per_call"],
+                     "alone_bytes_per_s": alone_rate["bytes_per_s"], "alone_iqr_s": alone_rate["iqr_s"],
+                     "beside_kernels_bytes_per_s_median": float(statistics.median(beside_rates)) if beside_rates else None,
+                     "private_cache_bytes": cache_bytes, "private_cache_source": cache_source}
     entry = {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": fp.id,
@@ -198,17 +253,63 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
         "per_family": per_family, "max_call_s": max_call_s, "wall_s": round(wall, 2),
         "loadavg_before": load_before, "loadavg_after": _loadavg(),
         "rule": "ratio = median(beside) / median(alone) per kernel (medians of the round medians); family factor = "
-                "median of its kernels' ratios",
+                "median of its kernels' ratios; stream_ratio and stream_factor the same beside the stream neighbour",
         "families": families_out,
     }
+    if neighbour is not None:
+        entry["stream_neighbour"] = neighbour
+        entry["model_check"] = model_check(entry)
     path = save_entry(profile, entry)
     if progress:
         print(f"colocation: {len(items)} kernels in {wall:.1f} s -> {path}", flush=True)
         for fam, v in sorted(families_out.items()):
             print(f"  {fam:12s} factor {v['factor']:.2f}x  (alone {v['alone_median_s'] * 1e6:,.1f} us, beside "
                   f"{v['beside_median_s'] * 1e6:,.1f} us; kernel ratios "
-                  f"{', '.join('%.2f' % k['ratio'] for k in v['kernels'])})", flush=True)
+                  f"{', '.join('%.2f' % k['ratio'] for k in v['kernels'])}"
+                  + (f"; beside the stream {', '.join('%.2f' % k['stream_ratio'] for k in v['kernels'])}" if stream else "")
+                  + ")", flush=True)
+        if neighbour is not None:
+            check = entry["model_check"]
+            big = check["beyond_private_cache"]
+            print(f"  stream neighbour alone: {neighbour['alone_bytes_per_s'] / 1e9:.1f} GB/s; private cache "
+                  f"{neighbour['private_cache_bytes'] / 2**20:.2f} MiB; twin ratios from the pressure model vs measured: "
+                  f"median |difference| {check['median_abs_diff']:.3f}, largest {check['max_abs_diff']:.3f} over "
+                  f"{check['kernels']} kernels (guessing 1.0: {check['median_abs_diff_unity']:.3f}; the stream ratio: "
+                  f"{check['median_abs_diff_stream']:.3f})", flush=True)
+            if big["kernels"]:
+                print(f"  of which {big['kernels']} move more than the private cache: model {big['median_abs_diff']:.3f} "
+                      f"(largest {big['max_abs_diff']:.3f}), 1.0 {big['median_abs_diff_unity']:.3f}, stream ratio "
+                      f"{big['median_abs_diff_stream']:.3f}", flush=True)
     return entry
+
+
+def model_check(entry: dict[str, Any]) -> dict[str, Any]:
+    """The pressure model tried on the twins: each kernel's twin is a neighbour of the kernel's own
+    pressure, so ``ColocationFactors.factor(family, bytes, pressure=own)`` should give the twin
+    ratio measured. Per kernel: own pressure, modelled and measured twin ratio; overall: median
+    and largest absolute difference, beside the difference of the no-model guess (1.0)."""
+    factors = ColocationFactors.from_entry(entry)
+    rows = []
+    for fam, v in entry["families"].items():
+        for k in v["kernels"]:
+            own = factors.pressure_of([k["bytes_moved"]], k["alone_median_s"])
+            modelled = factors.factor(fam, k["bytes_moved"], pressure=own)
+            k["pressure_own"], k["twin_ratio_modelled"] = own, modelled
+            rows.append((abs(modelled - k["ratio"]), abs(1.0 - k["ratio"]), abs(k["stream_ratio"] - k["ratio"]),
+                         k["bytes_moved"] >= factors.private_cache_bytes))
+
+    def stats(subset: list[tuple[float, float, float, bool]]) -> dict[str, Any]:
+        if not subset:
+            return {"kernels": 0}
+        return {"kernels": len(subset), "median_abs_diff": float(statistics.median(r[0] for r in subset)),
+                "max_abs_diff": float(max(r[0] for r in subset)),
+                "median_abs_diff_unity": float(statistics.median(r[1] for r in subset)),
+                "median_abs_diff_stream": float(statistics.median(r[2] for r in subset))}
+
+    return {"rule": "modelled twin ratio = 1 + (stream_ratio - 1) x the kernel's own pressure, against the twin ratio "
+                    "measured; beside two guesses without the model: 1.0 (no slow-down) and the stream ratio "
+                    "(every neighbour the worst)",
+            **stats(rows), "beyond_private_cache": stats([r for r in rows if r[3]])}
 
 
 def quick_timing(timing: TimingConfig) -> TimingConfig:

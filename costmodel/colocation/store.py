@@ -22,6 +22,21 @@ twin, a kernel streaming from memory shares the bandwidth (EPYC VM: gather 1.00x
 Without bytes, or for a family with one measured size, it is the family's median ratio. A
 family that was not measured gets 1.0, with a warning the first time and a line in
 ``describe()``.
+
+**Beside different work** (``.factor(family, bytes_moved, pressure=P)``). A twin runs the same
+kernel; a device of ``experiment=placement`` runs beside *other* work, and what slows a
+kernel is how hard its neighbour loads the shared cache and memory, not what it computes: a
+cache-resident GEMM is 1.0x beside its twin and 1.1-1.2x beside a copy that streams memory
+(EPYC VM). Entries measured with the stream neighbour (``stream_neighbour`` in the entry)
+keep each kernel's ``stream_ratio``, beside the heaviest traffic one core makes. A
+neighbour's *pressure* P in [0, 1] is its traffic beyond its private cache as a share of
+the stream neighbour's rate (``pressure_of``: bytes moved by its kernels larger than the
+core's private cache, over its busy seconds, over the stream's bytes per second alone), and
+the factor is 1 + (stream_ratio - 1) x P, the stream ratio interpolated in log2 bytes as
+above: linear between alone (P = 0) and the stream (P = 1). The form is checked on the twins
+each time it is measured (a twin is a neighbour of the kernel's own pressure:
+``measure.model_check``). Entries without the stream (older files) have no pressure model:
+``pressure`` is then ignored and the twin's ratio used, and ``has_stream`` is False.
 """
 
 from __future__ import annotations
@@ -59,13 +74,42 @@ class ColocationFactors:
     source: str  # the file it was read from ("" when built by hand)
     kernels: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # family -> per-kernel records
     unmeasured: set[str] = field(default_factory=set)  # families asked for that had no factor
+    #: the stream neighbour's bytes per second alone (None: measured without it, no pressure model)
+    stream_bytes_per_s: float | None = None
+    #: bytes of the measured core's private cache: a kernel moving fewer loads only its own core
+    private_cache_bytes: float | None = None
 
     @classmethod
     def from_entry(cls, entry: Mapping[str, Any], source: str = "") -> "ColocationFactors":
         fams = entry.get("families") or {}
+        neighbour = entry.get("stream_neighbour") or {}
+        rate, cache = neighbour.get("alone_bytes_per_s"), neighbour.get("private_cache_bytes")
         return cls(factors={f: float(v["factor"]) for f, v in fams.items()}, placement=dict(entry.get("placement") or {}),
                    measured_at=str(entry.get("measured_at", "")), source=source,
-                   kernels={f: list(v.get("kernels") or []) for f, v in fams.items()})
+                   kernels={f: list(v.get("kernels") or []) for f, v in fams.items()},
+                   stream_bytes_per_s=float(rate) if isinstance(rate, (int, float)) and rate > 0 else None,
+                   private_cache_bytes=float(cache) if isinstance(cache, (int, float)) and cache > 0 else None)
+
+    @property
+    def has_stream(self) -> bool:
+        """Measured beside the stream neighbour too: ``pressure`` means something."""
+        return self.stream_bytes_per_s is not None and self.private_cache_bytes is not None
+
+    def pressure_of(self, bytes_moved: Any, busy_s: float) -> float | None:
+        """A neighbour's pressure in [0, 1]: the bytes moved by its kernels larger than the private
+        cache (``bytes_moved``: one entry per kernel call), per second of its ``busy_s``, as a share
+        of the stream neighbour's bytes per second alone; None without the stream measurement."""
+        if not self.has_stream:
+            return None
+        if not (isinstance(busy_s, (int, float)) and busy_s >= 0):
+            raise ColocationError(f"busy_s must be seconds >= 0, got {busy_s!r}")
+        b = np.asarray(list(bytes_moved), dtype=np.float64)
+        if b.size and np.any(b < 0):
+            raise ColocationError("bytes_moved must be >= 0 per kernel")
+        if busy_s == 0:
+            return 0.0
+        streamed = float(b[b >= self.private_cache_bytes].sum())
+        return float(min(1.0, streamed / float(busy_s) / self.stream_bytes_per_s))
 
     @classmethod
     def constant(cls, factors: Mapping[str, float], *, placement: Mapping[str, Any] | None = None) -> "ColocationFactors":
@@ -76,28 +120,47 @@ class ColocationFactors:
         return cls(factors={f: float(v) for f, v in factors.items()}, placement=dict(placement or {}),
                    measured_at="", source="given")
 
-    def factor(self, family: str, bytes_moved: float | None = None) -> float:
-        """The factor of a ``family`` kernel moving ``bytes_moved`` bytes: its measured kernels'
-        ratios interpolated in log2 bytes (held flat beyond them), the family's median without
-        bytes or with one measured size; 1.0 (no slow-down) for a family not measured, said once."""
+    def factor(self, family: str, bytes_moved: float | None = None, pressure: float | None = None) -> float:
+        """The factor of a ``family`` kernel moving ``bytes_moved`` bytes: beside its twin, its
+        measured kernels' ratios interpolated in log2 bytes (held flat beyond them), the family's
+        median without bytes or with one measured size; beside a neighbour of ``pressure`` P
+        (``pressure_of``; with the stream measured), 1 + (stream ratio - 1) x P, the stream
+        ratios interpolated the same way. 1.0 (no slow-down) for a family not measured, said once."""
+        if pressure is not None and not (isinstance(pressure, (int, float)) and 0.0 <= pressure <= 1.0):
+            raise ColocationError(f"pressure must be a number in [0, 1], got {pressure!r}")
         if family in self.factors:
-            curve = self._curve(family)
+            key = "stream_ratio" if pressure is not None and self.has_stream else "ratio"
+            curve = self._curve(family, key)
+            if key == "stream_ratio":
+                if curve is None:
+                    ratios = [float(k[key]) for k in self.kernels.get(family, []) if isinstance(k.get(key), (int, float))]
+                    if not ratios:
+                        return self.factors[family]  # the family was measured without the stream
+                    stream = float(np.median(ratios))
+                else:
+                    stream = self._at(curve, bytes_moved, family, key)
+                return 1.0 + (stream - 1.0) * float(pressure)
             if bytes_moved is None or curve is None:
                 return self.factors[family]
-            xs, ys = curve
-            return float(np.interp(math.log2(1.0 + max(float(bytes_moved), 0.0)), xs, ys))
+            return self._at(curve, bytes_moved, family, key)
         if family not in self.unmeasured:
             self.unmeasured.add(family)
             log.warning("colocation: family %r was not measured (%s); its kernels are predicted as alone (factor 1.0)",
                         family, self.source or "factors given by hand")
         return 1.0
 
-    def _curve(self, family: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """(log2(1 + bytes), ratio) of the family's measured kernels by bytes, ratios of kernels of
-        equal bytes averaged; None with fewer than two sizes."""
+    def _at(self, curve: tuple[np.ndarray, np.ndarray], bytes_moved: float | None, family: str, key: str) -> float:
+        xs, ys = curve
+        if bytes_moved is None:
+            return float(np.median(ys))
+        return float(np.interp(math.log2(1.0 + max(float(bytes_moved), 0.0)), xs, ys))
+
+    def _curve(self, family: str, key: str = "ratio") -> tuple[np.ndarray, np.ndarray] | None:
+        """(log2(1 + bytes), ``key``) of the family's measured kernels by bytes, values of kernels
+        of equal bytes averaged; None with fewer than two sizes."""
         by_bytes: dict[float, list[float]] = {}
         for k in self.kernels.get(family, []):
-            b, r = k.get("bytes_moved"), k.get("ratio")
+            b, r = k.get("bytes_moved"), k.get(key)
             if isinstance(b, (int, float)) and isinstance(r, (int, float)) and r > 0 and b >= 0:
                 by_bytes.setdefault(math.log2(1.0 + float(b)), []).append(float(r))
         if len(by_bytes) < 2:
@@ -116,14 +179,28 @@ class ColocationFactors:
             else:
                 lo, hi = (float(np.exp2(x) - 1) for x in (curve[0][0], curve[0][-1]))
                 parts.append(f"{f} {curve[1][0]:.2f}x at {_size(lo)} .. {curve[1][-1]:.2f}x at {_size(hi)}")
-        text = head + " " + (", ".join(parts) if parts else "none")
+        text = head + " beside the twin: " + (", ".join(parts) if parts else "none")
+        if self.has_stream:
+            streamed = []
+            for f in sorted(self.factors):
+                curve = self._curve(f, "stream_ratio")
+                if curve is not None:
+                    streamed.append(f"{f} {curve[1].min():.2f}-{curve[1].max():.2f}x")
+            text += (f"; beside the stream neighbour ({self.stream_bytes_per_s / 1e9:.1f} GB/s alone; private cache "
+                     f"{_size(self.private_cache_bytes)}): " + (", ".join(streamed) or "none"))
         if self.unmeasured:
             text += f"; not measured (1.0): {', '.join(sorted(self.unmeasured))}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
-        return {"factors": dict(sorted(self.factors.items())), "placement": self.placement,
-                "measured_at": self.measured_at, "source": self.source, "unmeasured": sorted(self.unmeasured)}
+        out = {"factors": dict(sorted(self.factors.items())), "placement": self.placement,
+               "measured_at": self.measured_at, "source": self.source, "unmeasured": sorted(self.unmeasured)}
+        if self.has_stream:
+            out["stream_factors"] = {f: float(np.median([k["stream_ratio"] for k in ks if "stream_ratio" in k]))
+                                     for f, ks in sorted(self.kernels.items()) if any("stream_ratio" in k for k in ks)}
+            out["stream_bytes_per_s"] = self.stream_bytes_per_s
+            out["private_cache_bytes"] = self.private_cache_bytes
+        return out
 
 
 def _size(n_bytes: float) -> str:

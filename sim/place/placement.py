@@ -134,8 +134,9 @@ class Device:
     cores when it runs for real; None runs unpinned. ``colocation``
     (``costmodel.colocation.ColocationFactors``, or None): the device shares its host with
     others that run at the same time, so a level's prediction of each kernel is multiplied
-    by its family's measured co-location factor (``cost_matrix``); a callable predictor is
-    left as it is (it answers for itself).
+    by its family's measured co-location factor at its bytes, beside the workload pool's
+    pressure where the stream neighbour was measured (``cost_matrix``, ``pool_pressure``); a
+    callable predictor is left as it is (it answers for itself).
     """
 
     name: str
@@ -260,6 +261,23 @@ class Placement:
 # ----------------------------------------------------------------------------- costs
 
 
+def pool_pressure(workloads: Sequence[PlacementWorkload], device: Device, level: str) -> float | None:
+    """The pressure (``costmodel.colocation.ColocationFactors.pressure_of``) of a typical neighbour
+    of ``device``: every workload of the pool run back to back, timed by ``level`` on the
+    device's own model alone. Which workloads a neighbour will run is what the placement
+    decides, so the cost of a workload on a device cannot depend on it (the MILP's costs are
+    fixed); the pool's rate of memory traffic is what a neighbour runs on average. None when
+    the device has no co-location factors measured beside the stream neighbour."""
+    from costmodel.colocation import neighbour_pressure
+    from sim.predict.simulator import predict_traces
+
+    if device.colocation is None or not device.colocation.has_stream:
+        return None
+    traces = [w.trace for w in workloads]
+    busy_s = float(predict_traces(device._fitted(), traces, [level], quiet=True)[f"pred_{level}_s"].sum())
+    return neighbour_pressure(device.colocation, traces, busy_s)
+
+
 def cost_matrix(workloads: Sequence[PlacementWorkload], devices: Sequence[Device], predict: Predictor) -> np.ndarray:
     """Predicted seconds of every workload on every device, [workloads, devices].
 
@@ -282,13 +300,15 @@ def cost_matrix(workloads: Sequence[PlacementWorkload], devices: Sequence[Device
             if key not in by_model:
                 if dev.colocation is None:
                     by_model[key] = predict_traces(model, batch, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()
-                else:  # each family's part of every trace times its factor
+                else:  # each family's part of every trace times its factor, beside the pool's pressure
                     from costmodel.colocation import colocated_kernel_times
 
                     def times(traces: Sequence[Sequence[KernelSpec]], model: CostModel = model) -> dict[str, np.ndarray]:
                         return {predict: predict_traces(model, traces, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()}
 
-                    by_model[key] = colocated_kernel_times(times, dev.colocation)([w.trace for w in workloads])[predict]
+                    pressure = pool_pressure(workloads, dev, predict)
+                    by_model[key] = colocated_kernel_times(times, dev.colocation, pressure=pressure)(
+                        [w.trace for w in workloads])[predict]
             cost[:, d] = by_model[key]
     else:
         for d, dev in enumerate(devices):

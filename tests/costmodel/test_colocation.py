@@ -67,10 +67,19 @@ def test_a_real_measurement_writes_factors_and_keeps_history(profile):
             assert k["ratio"] == pytest.approx(k["beside_median_s"] / k["alone_median_s"])
             assert len(k["round_ratios"]) == 2 and all(c > 0 for c in k["twin_calls"])
         assert v["factor"] == pytest.approx(float(np.median([k["ratio"] for k in v["kernels"]])))
+        for k in v["kernels"]:  # and beside the stream neighbour, with the pressure model's twin
+            assert k["stream_ratio"] == pytest.approx(k["stream_median_s"] / k["alone_median_s"])
+            assert len(k["stream_round_ratios"]) == 2 and 0.0 <= k["pressure_own"] <= 1.0
+        assert v["stream_factor"] == pytest.approx(float(np.median([k["stream_ratio"] for k in v["kernels"]])))
+    neighbour = data["current"]["stream_neighbour"]
+    assert neighbour["alone_bytes_per_s"] > 1e8 and neighbour["private_cache_bytes"] > 0
+    assert neighbour["beside_kernels_bytes_per_s_median"] > 0
+    assert data["current"]["model_check"]["kernels"] == 4
     assert data["current"]["placement"]["cores"] == [0, 1] and data["current"]["placement"]["world_size"] == 2
     factors = load_colocation(profile)
     assert factors.factor("gemm") == pytest.approx(fams["gemm"]["factor"])
     assert "gemm" in factors.describe() and "cores0-1-w2" in factors.describe()
+    assert factors.has_stream and "beside the stream neighbour" in factors.describe()
 
     measure_colocation(profile, (0, 1), per_family=2, families=["gemm"], timing=timing, measure_lock=False,
                        progress=False)
@@ -182,3 +191,90 @@ def test_overlapped_seconds_by_hand():
     np.testing.assert_allclose(overlapped_seconds([10.0, 10.0], [14.0, 14.0], [0.0, 5.0]), [12.0, 12.0])
     with pytest.raises(ValueError, match=re.escape("alone_s, colocated_s and start_s must be [W] vectors")):
         overlapped_seconds([1.0, 2.0], [1.0])
+
+
+# ----------------------------------------------------------------------------- beside different work
+
+def _streamed(points, rate=10e9, cache=2.0**20):
+    """Factors whose gemm kernels were measured at these (bytes, twin ratio, stream ratio) points,
+    the stream neighbour at ``rate`` bytes/s, a private cache of ``cache`` bytes."""
+    kernels = [{"bytes_moved": float(b), "ratio": float(r), "stream_ratio": float(s)} for b, r, s in points]
+    return ColocationFactors(factors={"gemm": float(np.median([r for _, r, _ in points]))}, placement={"id": "cores0-1-w2"},
+                             measured_at="", source="t", kernels={"gemm": kernels}, stream_bytes_per_s=rate,
+                             private_cache_bytes=cache)
+
+
+def test_a_neighbours_pressure_counts_only_its_traffic_beyond_the_private_cache():
+    f = _streamed([(1023, 1.0, 1.0), (2**20 - 1, 1.1, 1.4)], rate=10e9, cache=2.0**20)
+    mib = 2.0**20
+    # 0.5 MiB stays in the neighbour's own cache; 4 + 6 MiB stream: 10 MiB in 2 ms = 5.24 GB/s of 10 GB/s
+    assert f.pressure_of([0.5 * mib, 4 * mib, 6 * mib], 2e-3) == pytest.approx(10 * mib / 2e-3 / 10e9)
+    assert f.pressure_of([4 * mib, 6 * mib], 1e-4) == 1.0  # faster than the stream: held at 1
+    assert f.pressure_of([0.5 * mib], 1e-6) == 0.0 and f.pressure_of([], 0.0) == 0.0
+    with pytest.raises(ColocationError, match=re.escape("busy_s must be seconds >= 0, got -1")):
+        f.pressure_of([mib], -1)
+    with pytest.raises(ColocationError, match=re.escape("bytes_moved must be >= 0 per kernel")):
+        f.pressure_of([-1.0], 1.0)
+    assert _by_size([(1023, 1.0)]).pressure_of([4 * mib], 1.0) is None  # measured without the stream
+    from costmodel.colocation import neighbour_pressure
+
+    trace = [GemmSpec(512, 512, 512)]  # 3 MiB moved
+    assert neighbour_pressure(f, [trace, trace], 1e-3) == pytest.approx(2 * trace[0].bytes_moved() / 1e-3 / 10e9)
+    assert neighbour_pressure(None, [trace], 1.0) is None
+
+
+def test_the_factor_beside_a_neighbour_runs_from_alone_to_the_stream_with_its_pressure():
+    """1 + (stream ratio - 1) x pressure, the stream ratio interpolated in log2 bytes; no pressure
+    gives the twin's ratio; factors measured without the stream ignore the pressure."""
+    f = _streamed([(1023, 1.0, 1.0), (2**20 - 1, 1.1, 1.4)])
+    big = 2**20 - 1
+    assert f.factor("gemm", big, pressure=0.0) == pytest.approx(1.0)
+    assert f.factor("gemm", big, pressure=0.5) == pytest.approx(1.2)
+    assert f.factor("gemm", big, pressure=1.0) == pytest.approx(1.4)
+    assert f.factor("gemm", 2**15 - 1, pressure=1.0) == pytest.approx(1.2)  # stream ratio halfway in log2 bytes
+    assert f.factor("gemm", big) == pytest.approx(1.1)  # the twin
+    assert _by_size([(1023, 1.0), (big, 1.1)]).factor("gemm", big, pressure=1.0) == pytest.approx(1.1)
+    for bad in (-0.1, 1.5, "high"):
+        with pytest.raises(ColocationError, match=re.escape(f"pressure must be a number in [0, 1], got {bad!r}")):
+            f.factor("gemm", big, pressure=bad)
+    assert "beside the stream neighbour (10.0 GB/s alone; private cache 1.05 MB): gemm 1.00-1.40x" in f.describe()
+
+    def seconds_of(trace):  # 1 s per kernel
+        return {"L3": float(len(trace))}
+
+    small, large = GemmSpec(1, 8, 8), GemmSpec(2048, 2048, 2048)  # 576 B; 48 MiB: beyond the largest measured size
+    assert colocated_trace_seconds([small, large], seconds_of, f) == {"L3": pytest.approx(1.0 + 1.1)}
+    both = colocated_kernel_times(lambda ts: {"L3": np.array([float(len(t)) for t in ts])}, f, pressure=0.5)
+    np.testing.assert_allclose(both([[small], [large]])["L3"], [1.0, 1.2])
+
+
+def test_the_model_check_compares_the_modelled_twin_with_the_measured_one():
+    """A kernel's twin has the kernel's own pressure: its bytes over its alone time over the stream's rate."""
+    from costmodel.colocation.measure import model_check
+
+    mib = 2.0**20
+    entry = {"stream_neighbour": {"alone_bytes_per_s": 10e9, "private_cache_bytes": mib},
+             "families": {"gemm": {"factor": 1.0, "kernels": [
+                 # 1 KiB: inside the private cache, pressure 0, modelled 1.0 against 1.02 measured
+                 {"bytes_moved": 1024.0, "alone_median_s": 1e-6, "ratio": 1.02, "stream_ratio": 1.1},
+                 # 50 MB in 10 ms = 5 GB/s: pressure 0.5, modelled 1 + 0.6 x 0.5 = 1.3 against 1.25 measured
+                 {"bytes_moved": 50e6, "alone_median_s": 1e-2, "ratio": 1.25, "stream_ratio": 1.6}]}}}
+    check = model_check(entry)
+    k = entry["families"]["gemm"]["kernels"]
+    assert k[0]["pressure_own"] == 0.0 and k[1]["pressure_own"] == pytest.approx(0.5)
+    assert k[1]["twin_ratio_modelled"] == pytest.approx(1.3)
+    assert check["kernels"] == 2 and check["max_abs_diff"] == pytest.approx(0.05)
+    assert check["median_abs_diff"] == pytest.approx((0.02 + 0.05) / 2)
+    assert check["median_abs_diff_unity"] == pytest.approx((0.02 + 0.25) / 2)
+    assert check["median_abs_diff_stream"] == pytest.approx((0.08 + 0.35) / 2)
+    big = check["beyond_private_cache"]
+    assert big["kernels"] == 1 and big["median_abs_diff"] == pytest.approx(0.05)
+
+
+def test_the_conditions_of_a_round_rotate():
+    from costmodel.colocation.rank import conditions
+
+    assert [conditions(r, True) for r in range(4)] == [
+        ("alone", "beside", "stream"), ("beside", "stream", "alone"), ("stream", "alone", "beside"),
+        ("alone", "beside", "stream")]
+    assert [conditions(r, False) for r in range(2)] == [("alone", "beside"), ("beside", "alone")]

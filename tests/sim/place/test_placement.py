@@ -414,3 +414,24 @@ def test_auto_solves_a_thousand_workloads_exactly_by_default():
     from sim.place.placement import EXACT_MAX_BINARIES
 
     assert EXACT_MAX_BINARIES >= 1000 * 4  # 1,000 workloads on 4 devices go to the time-limited solver
+
+
+def test_colocated_devices_pay_their_factors_at_the_pools_pressure():
+    """Each device runs beside the pool's average neighbour: pressure = the pool's bytes beyond the
+    private cache over its predicted seconds over the stream's rate, factor 1 + (stream - 1) x P."""
+    from costmodel.colocation import ColocationFactors
+    from sim.place.placement import pool_pressure
+
+    workloads = [_workload("a", 1.0), _workload("b", 2.0)]  # 8 MB and 12 MB moved; L3 2 s and 4 s
+    factors = ColocationFactors(factors={"gemm": 1.0}, placement={"id": "cores0-1-w2"}, measured_at="", source="t",
+                                kernels={"gemm": [{"bytes_moved": 1e6, "ratio": 1.0, "stream_ratio": 1.6}]},
+                                stream_bytes_per_s=1e7, private_cache_bytes=2.0**20)
+    devices = [replace(_device(n, cores=(c,)), colocation=factors) for c, n in enumerate("xy")]
+    pressure = (8e6 + 12e6) / (2.0 + 4.0) / 1e7
+    assert pool_pressure(workloads, devices[0], "L3") == pytest.approx(pressure)
+    cost = cost_matrix(workloads, devices, "L3")
+    np.testing.assert_allclose(cost[:, 0], np.array([2.0, 4.0]) * (1 + 0.6 * pressure), rtol=1e-3)
+    twin_only = replace(factors, stream_bytes_per_s=None)  # measured without the stream: the twin's 1.0
+    assert pool_pressure(workloads, replace(devices[0], colocation=twin_only), "L3") is None
+    np.testing.assert_allclose(cost_matrix(workloads, [replace(devices[0], colocation=twin_only)], "L3")[:, 0],
+                               [2.0, 4.0], rtol=1e-3)
