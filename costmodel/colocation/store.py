@@ -33,7 +33,9 @@ neighbour's *pressure* P in [0, 1] is its traffic beyond its private cache as a 
 the stream neighbour's rate (``pressure_of``: bytes moved by its kernels larger than the
 core's private cache, over its busy seconds, over the stream's bytes per second alone), and
 the factor is 1 + (stream_ratio - 1) x P, the stream ratio interpolated in log2 bytes as
-above: linear between alone (P = 0) and the stream (P = 1). The form is checked on the twins
+above: linear between alone (P = 0) and the stream (P = 1). (Bubble-Up's sensitivity to a
+memory "bubble" and a neighbour's pressure, Mars et al., MICRO 2011, with the sensitivity
+curve reduced to its two ends.) The form is checked on the twins
 each time it is measured (a twin is a neighbour of the kernel's own pressure:
 ``measure.model_check``). Entries without the stream (older files) have no pressure model:
 ``pressure`` is then ignored and the twin's ratio used, and ``has_stream`` is False.
