@@ -58,7 +58,8 @@ from experiments.workloads import evaluate_workloads  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
 from sim.place.placement import (  # noqa: E402
-    SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, place, pool_pressure,
+    SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, contended_makespan, place,
+    pool_pressure,
 )
 from sim.place.placement_workloads import calibration_suite  # noqa: E402
 from sim.workloads.workload import Workload  # noqa: E402
@@ -367,7 +368,14 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     for name, pl in placements.items():
         run_ = runs[pl.key()]
         realised = pl.makespan_under(measured)
+        # contention in time: each device slowed by what the other runs at that moment (the oracle: its measured
+        # latencies alone, slowed by L3's sensitivities and pressures: the contention model on its own)
+        contended = (contended_makespan(pl, devices, name, workloads) if name in LEVELS else
+                     contended_makespan(pl, devices, "L3", workloads, alone_s=measured) if "L3" in levels else None)
         results[name] = {
+            "predicted_contended_makespan_s": contended[0] if contended else None,
+            "predicted_contended_vs_measured_pct": (100 * (contended[0] / run_.measured_makespan_s - 1)
+                                                    if contended else None),
             "predicted_makespan_s": pl.makespan_s,
             "realised_makespan_s": realised,
             "measured_makespan_s": run_.measured_makespan_s,
@@ -437,9 +445,14 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                 title="workloads: measured and predicted latency per device (ms)")
     print_table(pd.DataFrame(table), {"level": "", "solver": "", "predicted_makespan_s": "ms",
                                       "realised_makespan_s": "ms", "measured_makespan_s": "ms", "regret_pct": ".1f",
-                                      "measured_regret_pct": ".1f", "predicted_vs_measured_pct": ".1f"},
+                                      "measured_regret_pct": ".1f", "predicted_vs_measured_pct": ".1f",
+                                      "predicted_contended_makespan_s": "ms", "predicted_contended_vs_measured_pct": ".1f"},
                 title="placement makespans (ms) and regret vs the oracle (%)")
     console.print(details["run_note"])
+    if any(r["predicted_contended_makespan_s"] is not None for r in results.values()):
+        console.print("predicted_contended: each device slowed moment by moment by what the other runs then (its "
+                      "workloads' sensitivity to a streaming neighbour x the neighbour's pressure); the oracle's row: "
+                      "its measured latencies alone, slowed so (the contention model on its own)")
     for name, r in results.items():
         ties = r["tied_placements"]
         if ties and ties["placements"] > 1:

@@ -19,7 +19,7 @@ _EXPORTS = {
     "ColocationFactors": "store", "ColocationError": "store", "load_colocation": "store", "placement_id": "store",
     "measure_colocation": "measure", "pick_kernels": "measure", "check_cores": "measure",
     "colocated_kernel_times": "apply", "colocated_trace_seconds": "apply", "overlapped_seconds": "apply", "resolve_colocation": "apply",
-    "neighbour_pressure": "apply",
+    "neighbour_pressure": "apply", "contended_timeline": "apply",
     "MODES": "apply",
 }
 

@@ -6,8 +6,9 @@
     python -m costmodel.colocation show [profile.root=profiles] [threads=1] [dtype=float32]
 
 ``measure`` times a few kernels of every family of this machine's profile for ``threads``
-(cold caches, as ``costmodel bench`` measures) alone and beside a twin on the other cores,
-and appends the factors to its colocation.json (about a minute); ``show`` prints them.
+(cold caches, as ``costmodel bench`` measures) alone, beside a twin and beside a memory
+stream on the other cores, and appends the factors to its colocation.json (about 75 s);
+``show`` prints them.
 """
 
 from __future__ import annotations

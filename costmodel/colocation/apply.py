@@ -18,6 +18,10 @@ scaled (they are measured between the processes already).
   share of the stream neighbour's rate); None without the stream measurement;
 - ``colocated_trace_seconds(trace, seconds_of, colocation)``: the same for one trace and a
   ``trace -> {level: seconds}`` function (``sim.distributed.gnn_partition_predict.trace_seconds``);
+- ``contended_timeline(alone_s, sensitivity, pressure, device_of, n_devices)``: the start and
+  end of every workload of devices that run their shares back to back side by side, each
+  slowed at each moment by the pressure of what the others run then (``experiment=placement``'s
+  predicted makespan of a placement);
 - ``overlapped_seconds(alone_s, colocated_s, start_s)``: how long each rank's local work takes
   when the slow-down lasts only while another rank runs too: a rank whose twin has finished
   (and waits in the next collective) runs at its alone speed. Each rank progresses at
@@ -96,6 +100,55 @@ def neighbour_pressure(colocation: ColocationFactors | None, traces: Sequence[Se
     if colocation is None or not colocation.has_stream:
         return None
     return colocation.pressure_of([float(s.bytes_moved()) for t in traces for s in t], seconds)
+
+
+def contended_timeline(alone_s: Sequence[float], sensitivity: Sequence[float], pressure: Sequence[float],
+                       device_of: Sequence[int], n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) seconds of every workload when each device runs its workloads back to back
+    (in index order) beside the others, each slowed by what its neighbours run *at that moment*.
+
+    Workload i alone takes ``alone_s[i]``; beside neighbours whose workloads have pressures
+    P_j (``ColocationFactors.pressure_of``) it progresses at rate 1 / (1 + ``sensitivity[i]`` x
+    min(1, sum of P_j)), its sensitivity being the time-weighted mean over its kernels of
+    (stream ratio - 1) (``ColocationFactors.factor`` at pressure 1, minus 1). The rates change
+    whenever a workload starts or ends: an event simulation, one event per workload end, so it
+    ends after at most len(alone_s) steps."""
+    alone = np.asarray(alone_s, dtype=np.float64)
+    sens = np.asarray(sensitivity, dtype=np.float64)
+    pres = np.asarray(pressure, dtype=np.float64)
+    where = np.asarray(device_of, dtype=np.int64)
+    n = len(alone)
+    if not (sens.shape == pres.shape == where.shape == (n,)):
+        raise ValueError(f"alone_s, sensitivity, pressure and device_of must have one entry per workload ({n}), got "
+                         f"{sens.shape}, {pres.shape}, {where.shape}")
+    if n and (np.any(alone < 0) or np.any(pres < 0) or np.any(where < 0) or np.any(where >= n_devices)):
+        raise ValueError(f"alone_s and pressure must be >= 0 and device_of in [0, {n_devices})")
+    queues = [list(np.flatnonzero(where == d)) for d in range(n_devices)]
+    start, end = np.full(n, np.nan), np.full(n, np.nan)
+    left = alone.copy()
+    t = 0.0
+    for q in queues:
+        if q:
+            start[q[0]] = 0.0
+    for _ in range(n + 1):  # every pass ends at least one workload
+        running = [q[0] for q in queues if q]
+        if not running:
+            break
+        total = sum(pres[i] for i in running)
+        rate = {i: 1.0 / (1.0 + max(sens[i], -0.99) * min(1.0, total - pres[i])) for i in running}
+        dt = min(left[i] / rate[i] for i in running)
+        t += dt
+        for d, q in enumerate(queues):
+            if not q:
+                continue
+            i = q[0]
+            left[i] -= rate[i] * dt
+            if left[i] <= 1e-12 * max(alone[i], 1.0):
+                end[i] = t
+                q.pop(0)
+                if q:
+                    start[q[0]] = t
+    return start, end
 
 
 def overlapped_seconds(alone_s: Sequence[float], colocated_s: Sequence[float],

@@ -7,8 +7,8 @@ Every rank first pins itself to its core of ``cores`` (the launcher pinned it to
 process's first W cores; the measurement may ask for others) and applies the profile's
 allocator mode. Then, per kernel (a descriptor record), every rank builds the same runner
 (``costmodel.measure.runners.make_runner``: seeded inputs, cold operands rotated through the arena
-as the profile's rows were measured) and warms it up; then, per round, two conditions, their
-order rotating between rounds so that slow drift does not favour one:
+as the profile's rows were measured) and warms it up; then, per round, two or three conditions,
+their order rotating between rounds so that slow drift does not favour one:
 
 - **alone**: rank 0 times the kernel (``costmodel.measure.timing.measure``: warm-up, blocks, median
   and IQR, retried while noisy) while every twin waits in a barrier (a blocked gloo barrier
@@ -18,8 +18,8 @@ order rotating between rounds so that slow drift does not favour one:
   bounded loop), while rank 0 times it as above;
 - **stream** (with ``stream``): the same, but every other rank runs the *stream neighbour*
   instead of the twin: ``StreamNeighbour``, a copy through two ``STREAM_BUFFER_BYTES``
-  buffers (8x the largest last-level cache here), the heaviest memory traffic one core can
-  make. A twin tells how a kernel fares beside itself; the stream tells how it fares beside
+  buffers (8x the EPYC VM's 32 MiB last-level cache), the heaviest memory traffic one core
+  can make. A twin tells how a kernel fares beside itself; the stream tells how it fares beside
   the worst neighbour, which is what a device beside *different* work needs
   (``ColocationFactors.factor(..., pressure=)``): a cache-resident GEMM runs at 1.0x beside
   its twin and 1.1-1.2x beside a stream.
@@ -47,8 +47,8 @@ from costmodel.measure.runners import make_runner
 from costmodel.measure.timing import Measurement, TimingConfig, measure
 
 CHECK_EVERY_S = 1e-3  # a twin looks at the stop flag at most this often (cheap next to any kernel)
-#: each of the stream neighbour's two buffers: 256 MiB, 8x the 32 MiB last-level cache of the EPYC VM
-#: (the Intel VM's is smaller), so every copy streams from and to memory
+#: each of the stream neighbour's two buffers: 256 MiB, 8x the 32 MiB last-level cache of the EPYC VM,
+#: so every copy streams from and to memory
 STREAM_BUFFER_BYTES = 256 * 2**20
 #: one call of the stream neighbour copies this many bytes of the buffer (a slice; the next call the next
 #: slice), so it looks at the stop flag every few milliseconds

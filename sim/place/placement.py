@@ -278,6 +278,55 @@ def pool_pressure(workloads: Sequence[PlacementWorkload], device: Device, level:
     return neighbour_pressure(device.colocation, traces, busy_s)
 
 
+def contention_inputs(workloads: Sequence[PlacementWorkload], device: Device, level: str
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per workload on ``device``: its seconds alone at ``level``, its sensitivity (the
+    time-weighted mean over its kernels of the stream ratio minus 1) and its pressure on a
+    neighbour (``ColocationFactors.pressure_of`` over its alone seconds); the inputs of
+    ``costmodel.colocation.contended_timeline``. None without factors measured beside the stream."""
+    from sim.predict.simulator import predict_trace
+
+    factors = device.colocation
+    if factors is None or not factors.has_stream:
+        return None
+    model = device._fitted()
+    alone, sens, pres = np.zeros(len(workloads)), np.zeros(len(workloads)), np.zeros(len(workloads))
+    for i, w in enumerate(workloads):
+        if not w.trace:
+            continue
+        seconds = predict_trace(model, w.trace, [level], quiet=True)[level].to_numpy()
+        stream = np.array([factors.factor(k.family, float(k.bytes_moved()), pressure=1.0) for k in w.trace])
+        alone[i] = float(seconds.sum())
+        sens[i] = float((seconds * (stream - 1.0)).sum() / alone[i]) if alone[i] > 0 else 0.0
+        pres[i] = factors.pressure_of([float(k.bytes_moved()) for k in w.trace], alone[i]) or 0.0
+    return alone, sens, pres
+
+
+def contended_makespan(placement: "Placement", devices: Sequence[Device], level: str,
+                       workloads: Sequence[PlacementWorkload], alone_s: np.ndarray | None = None
+                       ) -> tuple[float, pd.DataFrame] | None:
+    """The makespan of ``placement`` when each device's workloads are slowed, moment by moment,
+    by what the other devices run then (``costmodel.colocation.contended_timeline``), from
+    ``level``'s predictions on each workload's device; ``alone_s`` [workloads, devices]
+    replaces the level's seconds alone (e.g. the measured latencies: the contention model
+    alone). With the timeline (workload, device, start_s, end_s). None unless every device
+    has factors measured beside the stream."""
+    from costmodel.colocation import contended_timeline
+
+    inputs = [contention_inputs(workloads, d, level) for d in devices]
+    if any(x is None for x in inputs):
+        return None
+    idx = np.arange(len(workloads))
+    where = np.asarray(placement.device_of)
+    alone = np.array([inputs[d][0][i] for i, d in zip(idx, where)]) if alone_s is None else np.asarray(alone_s)[idx, where]
+    sens = np.array([inputs[d][1][i] for i, d in zip(idx, where)])
+    pres = np.array([inputs[d][2][i] for i, d in zip(idx, where)])
+    start, end = contended_timeline(alone, sens, pres, where, len(devices))
+    timeline = pd.DataFrame({"workload": [w.name for w in workloads], "device": [devices[d].name for d in where],
+                             "start_s": start, "end_s": end, "alone_s": alone, "sensitivity": sens, "pressure": pres})
+    return float(np.nanmax(end)) if len(end) else 0.0, timeline
+
+
 def cost_matrix(workloads: Sequence[PlacementWorkload], devices: Sequence[Device], predict: Predictor) -> np.ndarray:
     """Predicted seconds of every workload on every device, [workloads, devices].
 

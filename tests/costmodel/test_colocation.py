@@ -278,3 +278,26 @@ def test_the_conditions_of_a_round_rotate():
         ("alone", "beside", "stream"), ("beside", "stream", "alone"), ("stream", "alone", "beside"),
         ("alone", "beside", "stream")]
     assert [conditions(r, False) for r in range(2)] == [("alone", "beside"), ("beside", "alone")]
+
+
+def test_a_contended_timeline_slows_each_workload_by_what_runs_beside_it_then():
+    """Device 0 runs a (2 s alone, sensitivity 0.5) then b (1 s, insensitive); device 1 runs c
+    (1 s alone, pressure 1, sensitivity 0). a progresses at 1/1.5 while c runs (1 s: 2/3 done),
+    then at full speed: ends at 1 + 4/3; b after it. c is never slowed."""
+    from costmodel.colocation import contended_timeline
+
+    start, end = contended_timeline([2.0, 1.0, 1.0], [0.5, 0.0, 0.0], [0.0, 0.0, 1.0], [0, 0, 1], 2)
+    np.testing.assert_allclose(end, [1 + 4 / 3, 2 + 4 / 3, 1.0])
+    np.testing.assert_allclose(start, [0.0, 1 + 4 / 3, 0.0])
+    # pressures of several neighbours add up, held at 1 (rate 1/2 for the neighbours' 1 s, then alone: 1.5 s);
+    # one neighbour of 0.7 gives rate 1/1.7 (0.588 done in 1 s, the rest alone: 1.412 s)
+    _, end3 = contended_timeline([1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.7, 0.7], [0, 1, 2], 3)
+    assert end3[0] == pytest.approx(1.5)
+    _, end2 = contended_timeline([1.0, 1.0], [1.0, 0.0], [0.0, 0.7], [0, 1], 2)
+    assert end2[0] == pytest.approx(1.0 + (1.0 - 1.0 / 1.7))
+    _, alone = contended_timeline([3.0], [1.0], [1.0], [0], 2)
+    assert alone[0] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="one entry per workload"):
+        contended_timeline([1.0], [0.1, 0.2], [0.0], [0], 1)
+    with pytest.raises(ValueError, match=re.escape("device_of in [0, 2)")):
+        contended_timeline([1.0], [0.1], [0.0], [2], 2)

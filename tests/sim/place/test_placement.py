@@ -435,3 +435,28 @@ def test_colocated_devices_pay_their_factors_at_the_pools_pressure():
     assert pool_pressure(workloads, replace(devices[0], colocation=twin_only), "L3") is None
     np.testing.assert_allclose(cost_matrix(workloads, [replace(devices[0], colocation=twin_only)], "L3")[:, 0],
                                [2.0, 4.0], rtol=1e-3)
+
+
+def test_a_placements_contended_makespan_follows_what_runs_side_by_side():
+    """a (L3 2 s alone, 8 MB) and b (4 s, 12 MB) on two devices: sensitivity 0.6 each (stream ratio
+    1.6), pressure a 0.4 and b 0.3 (bytes / alone seconds / 1e7 B/s). a runs at 1/1.18 beside b and
+    ends at 2.36 s; b runs at 1/1.24 until then (1.903 s of work done), alone after: 4.457 s."""
+    from costmodel.colocation import ColocationFactors
+    from sim.place.placement import contended_makespan
+
+    workloads = [_workload("a", 1.0), _workload("b", 2.0)]
+    factors = ColocationFactors(factors={"gemm": 1.0}, placement={"id": "cores0-1-w2"}, measured_at="", source="t",
+                                kernels={"gemm": [{"bytes_moved": 1e6, "ratio": 1.0, "stream_ratio": 1.6}]},
+                                stream_bytes_per_s=1e7, private_cache_bytes=2.0**20)
+    devices = [replace(_device(n, cores=(c,)), colocation=factors) for c, n in enumerate("xy")]
+    p = place(workloads, devices, "L3")
+    assert sorted(p.device_of) == [0, 1]
+    makespan, timeline = contended_makespan(p, devices, "L3", workloads)
+    assert makespan == pytest.approx(2.0 * 1.18 + (4.0 - 2.0 * 1.18 / 1.24), rel=1e-3)
+    assert timeline.set_index("workload").loc["a", "end_s"] == pytest.approx(2.36, rel=1e-3)
+    assert timeline["pressure"].tolist() == pytest.approx([0.4, 0.3], rel=1e-3)
+    measured = np.array([[1.0, 1.0], [1.0, 1.0]])  # the contention model on other latencies alone
+    again, _ = contended_makespan(p, devices, "L3", workloads, alone_s=measured)
+    # 1 s each, pressures still from L3's seconds: a ends at 1.18 s, b (beside a's 0.4) has 1 - 1.18/1.24 left
+    assert again == pytest.approx(1.18 + (1.0 - 1.18 / 1.24), rel=1e-3)
+    assert contended_makespan(p, [_device("x", cores=(0,)), _device("y", cores=(1,))], "L3", workloads) is None
