@@ -4,11 +4,12 @@
     python scripts/bench_workload_pairs.py --victims moe_decode_uniform --neighbours stream mlp_skinny_b1
 
 Each victim (a workload of the default placement mix, ``conf/placement_mix/default.yaml``)
-is built in this process, pinned to core 0 with one thread, and timed (``--calls`` calls
+is built in this process, pinned to core 0 with one thread and the steady allocator (as the
+experiments run), and timed (``--calls`` calls
 after two warm-ups, the median) alone, then beside each neighbour, then alone again (the
 two alone medians give the drift of the run). A neighbour runs in a spawned process pinned
 to core 1 with one thread, back to back until the victim's timing ends (or ``--deadline-s``
-passes: a bounded loop); ``stream`` is the co-location measurement's memory-streaming
+passes: a bounded loop), pinned the same way; ``stream`` is the co-location measurement's memory-streaming
 neighbour (``costmodel.colocation.rank.StreamNeighbour``). Every neighbour process is ended
 before the next starts, and on any error.
 
@@ -53,11 +54,20 @@ def build(name: str) -> Callable[[], Any]:
     return instantiate(mix[name], name=name).factory.build(torch.device("cpu"))
 
 
-def _neighbour(name: str, core: int, ready: Any, stop: Any, deadline_s: float) -> None:
+def pin(core: int) -> None:
+    """One thread on ``core``, the steady allocator (as the experiments run: no page faults of
+    freshly mapped buffers in the timings)."""
     import torch
+
+    from costmodel.measure.allocator import configure_allocator
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
+    configure_allocator("steady")
+
+
+def _neighbour(name: str, core: int, ready: Any, stop: Any, deadline_s: float) -> None:
+    pin(core)
     run = build(name)
     run()
     ready.set()
@@ -107,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--deadline-s must be > 0 seconds, got {args.deadline_s}")
     if len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0):
         parser.error("needs cores 0 and 1 (the victim on core 0, the neighbour on core 1)")
-    import torch
-
-    os.sched_setaffinity(0, {0})
-    torch.set_num_threads(1)
+    pin(0)
     for victim in args.victims:
         run = build(victim)
         alone = median_call_s(run, args.calls)
