@@ -115,7 +115,8 @@ class CollectiveProfile:
         f = self.path / MEASUREMENTS
         if not f.is_file():
             return pd.DataFrame(columns=list(COLUMNS))
-        frame = pd.read_csv(f, keep_default_na=False, na_values=[""])
+        # run ids are 12 hex digits: read as text, or an all-digit id (1 run in ~290) reads as an integer
+        frame = pd.read_csv(f, keep_default_na=False, na_values=[""], dtype={"run_id": str})
         for c, default in LATER_COLUMNS.items():
             frame[c] = frame[c] if c in frame.columns else default
         frame["protocol"] = frame["protocol"].fillna("warm")

@@ -298,3 +298,16 @@ def test_cli_prints_one_clear_error(capsys, tmp_path):
     assert f"error: world_size={n + 1} cannot be placed one rank per core" in capsys.readouterr().err
     assert main(["fit", f"profile_root={tmp_path}"]) == 1
     assert "python -m costmodel.collectives bench world_size=2" in capsys.readouterr().err
+
+
+def test_an_all_digit_run_id_reads_back_as_text(tmp_path):
+    """uuid4().hex[:12] is all digits about once in 290 runs; pandas would read such an id as an
+    integer and a run's rows would no longer compare equal to its id."""
+    from costmodel.collectives.store import COLUMNS, MEASUREMENTS, NUMERIC
+
+    folder = tmp_path / "p"
+    folder.mkdir()
+    (folder / "fingerprint.json").write_text("{}")
+    row = {c: (1.0 if c in NUMERIC else "x") for c in COLUMNS} | {"run_id": "785858793609", "protocol": "warm"}
+    pd.DataFrame([row]).to_csv(folder / MEASUREMENTS, index=False)
+    assert CollectiveProfile.load(folder).measurements()["run_id"].tolist() == ["785858793609"]
