@@ -58,8 +58,8 @@ from experiments.workloads import evaluate_workloads  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
 from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
 from sim.place.placement import (  # noqa: E402
-    SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, contended_makespan, place,
-    pool_pressure,
+    SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, contended_makespan,
+    contention_inputs, place, pool_pressure,
 )
 from sim.place.placement_workloads import calibration_suite  # noqa: E402
 from sim.workloads.workload import Workload  # noqa: E402
@@ -365,13 +365,16 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     realised_oracle = placements[ORACLE].makespan_under(measured)
     measured_oracle = runs[placements[ORACLE].key()].measured_makespan_s
     results: dict[str, dict[str, Any]] = {}
+    # per level and device: each workload's alone seconds, sensitivity and pressure (placement-independent)
+    inputs = {lv: [contention_inputs(workloads, d, lv) for d in devices] for lv in levels if lv in LEVELS}
     for name, pl in placements.items():
         run_ = runs[pl.key()]
         realised = pl.makespan_under(measured)
         # contention in time: each device slowed by what the other runs at that moment (the oracle: its measured
         # latencies alone, slowed by L3's sensitivities and pressures: the contention model on its own)
-        contended = (contended_makespan(pl, devices, name, workloads) if name in LEVELS else
-                     contended_makespan(pl, devices, "L3", workloads, alone_s=measured) if "L3" in levels else None)
+        contended = (contended_makespan(pl, devices, name, workloads, inputs=inputs[name]) if name in LEVELS else
+                     contended_makespan(pl, devices, "L3", workloads, alone_s=measured, inputs=inputs["L3"])
+                     if "L3" in inputs else None)
         results[name] = {
             "predicted_contended_makespan_s": contended[0] if contended else None,
             "predicted_contended_vs_measured_pct": (100 * (contended[0] / run_.measured_makespan_s - 1)

@@ -140,18 +140,20 @@ class ColocationFactors:
                         return self.factors[family]  # the family was measured without the stream
                     stream = float(np.median(ratios))
                 else:
-                    stream = self._at(curve, bytes_moved, family, key)
+                    stream = self._at(curve, bytes_moved)
                 return 1.0 + (stream - 1.0) * float(pressure)
             if bytes_moved is None or curve is None:
                 return self.factors[family]
-            return self._at(curve, bytes_moved, family, key)
+            return self._at(curve, bytes_moved)
         if family not in self.unmeasured:
             self.unmeasured.add(family)
             log.warning("colocation: family %r was not measured (%s); its kernels are predicted as alone (factor 1.0)",
                         family, self.source or "factors given by hand")
         return 1.0
 
-    def _at(self, curve: tuple[np.ndarray, np.ndarray], bytes_moved: float | None, family: str, key: str) -> float:
+    @staticmethod
+    def _at(curve: tuple[np.ndarray, np.ndarray], bytes_moved: float | None) -> float:
+        """``curve`` at ``bytes_moved`` (log2 bytes, held flat beyond its ends); its median without bytes."""
         xs, ys = curve
         if bytes_moved is None:
             return float(np.median(ys))

@@ -303,17 +303,20 @@ def contention_inputs(workloads: Sequence[PlacementWorkload], device: Device, le
 
 
 def contended_makespan(placement: "Placement", devices: Sequence[Device], level: str,
-                       workloads: Sequence[PlacementWorkload], alone_s: np.ndarray | None = None
+                       workloads: Sequence[PlacementWorkload], alone_s: np.ndarray | None = None, *,
+                       inputs: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray] | None] | None = None
                        ) -> tuple[float, pd.DataFrame] | None:
     """The makespan of ``placement`` when each device's workloads are slowed, moment by moment,
     by what the other devices run then (``costmodel.colocation.contended_timeline``), from
     ``level``'s predictions on each workload's device; ``alone_s`` [workloads, devices]
     replaces the level's seconds alone (e.g. the measured latencies: the contention model
-    alone). With the timeline (workload, device, start_s, end_s). None unless every device
-    has factors measured beside the stream."""
+    alone). ``inputs``: ``contention_inputs`` per device at ``level``, when already computed
+    (they do not depend on the placement). With the timeline (workload, device, start_s,
+    end_s). None unless every device has factors measured beside the stream."""
     from costmodel.colocation import contended_timeline
 
-    inputs = [contention_inputs(workloads, d, level) for d in devices]
+    if inputs is None:
+        inputs = [contention_inputs(workloads, d, level) for d in devices]
     if any(x is None for x in inputs):
         return None
     idx = np.arange(len(workloads))
