@@ -38,20 +38,24 @@ DEFAULT_NEIGHBOURS = ("stream", "gnn_skewed", "moe_decode_uniform", "mlp_balance
 
 
 def build(name: str) -> Callable[[], Any]:
-    """The callable of workload ``name`` of the default mix (or the stream neighbour)."""
+    """The callable of workload ``name`` of the default mix, built as ``experiment=placement``
+    builds it (``experiments.placement.build_workloads``: the same checks and per-workload
+    seeds), or the stream neighbour."""
     import torch
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     if name == "stream":
         from costmodel.colocation.rank import StreamNeighbour
 
         return StreamNeighbour()
-    mix = OmegaConf.load(MIX)
+    mix = OmegaConf.to_container(OmegaConf.load(MIX))
     if name not in mix:
         raise SystemExit(f"bench_workload_pairs.py: error: workload {name!r} is not in {MIX.name} "
-                         f"(it has {sorted(k for k in mix if k != 'defaults')} and 'stream')")
-    return instantiate(mix[name], name=name).factory.build(torch.device("cpu"))
+                         f"(it has {sorted(mix)} and 'stream')")
+    from experiments.placement import build_workloads
+
+    workloads = {w.name: w for w in build_workloads({"placement_mix": mix, "dtype": "float32", "seed": 0})}
+    return workloads[name].factory.build(torch.device("cpu"))
 
 
 def pin(core: int) -> None:
