@@ -21,7 +21,7 @@ import torch
 from costmodel.measure.timing import TimingConfig
 from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, measure_interleaved
-from experiments.workloads import Pairing, heldout_scored, scored_tables
+from experiments.workloads import Pairing, error_parts_of, heldout_scored, scored_tables
 from sim.api import predict_captured
 from sim.capture.dispatch import CapturedTrace
 from sim.predict.simulator import measured_coverage, profile_aten_ops
@@ -78,6 +78,8 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
     held, drift_scaled = heldout_scored(heldout, lambda m, f: _predicted_rows(m, workloads, f), measured,
                                         timed[n:first_kernel])
     df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
+    if heldout is not None and jobs:
+        df.attrs["heldout_by_kind"] = error_parts_of(traces, heldout.model, jobs, timed[first_kernel:], measured)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     coverage = []

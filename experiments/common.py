@@ -350,7 +350,7 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
     if "scoring" in df.attrs:  # evaluate_workloads / evaluate_captured: which scoring is the headline
         out["details"]["scoring"] = df.attrs["scoring"]
         out["details"]["heldout"] = df.attrs.get("heldout", {"scored": False})
-        for name in ("profile_lookup", "replay", "heldout_drift_scaled"):
+        for name in ("profile_lookup", "replay", "heldout_drift_scaled", "heldout_by_kind"):
             if name in df.attrs:
                 out["details"][name] = df.attrs[name]
     if "backend" in df and "pred_L3_s" in df:

@@ -176,6 +176,8 @@ def evaluate_workloads(
     held, drift_scaled = heldout_scored(heldout, lambda m, f: predict_workloads(m, workloads, f), measured,
                                         timed[first_ref:first_chain])
     df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
+    if heldout is not None and jobs:
+        df.attrs["heldout_by_kind"] = error_parts_of(traces, heldout.model, jobs, timed[first_kernel:], measured)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
@@ -200,6 +202,18 @@ def heldout_scored(heldout: Any, predict: Callable[[CostModel, Callable[[str], f
     heldout.drift = family_drift(heldout.references, [t["measured_s"] for t in reference_timings])
     console.print(heldout.drift.describe())
     return held, add_errors(pd.concat([predict(heldout.model, heldout.drift.factor), measured], axis=1))
+
+
+def error_parts_of(traces: Sequence[Sequence[KernelSpec]], heldout_model: CostModel, jobs: Sequence[Any],
+                   kernel_timings: Sequence[dict[str, Any]], measured: pd.DataFrame) -> dict[str, Any]:
+    """The held-out error's kernel part by kernel kind (``sim.predict.error_parts``), printed in one line:
+    held-out kernel seconds against the same kernels timed beside the layers in this run."""
+    from sim.predict import error_parts  # noqa: PLC0415
+
+    parts = error_parts.heldout_error_parts(traces, heldout_model, error_parts.timed_kernels(jobs, kernel_timings),
+                                            float(measured["measured_s"].sum()))
+    console.print(error_parts.describe(parts))
+    return parts
 
 
 def ape_summary(df: pd.DataFrame) -> dict[str, Any]:

@@ -84,6 +84,21 @@ def test_evaluate_workloads_headline_is_heldout_with_lookup_beside(rt, calibrate
     assert "replay" not in df.attrs  # not paired
 
 
+def test_paired_heldout_run_reports_its_kernel_error_by_kind(rt, calibrated, gemm_sort_gemm_run):
+    from experiments.common import summary
+    from experiments.workloads import Pairing
+
+    held = fit_heldout(rt.open_profile(), calibrated, [TRACE])
+    df = evaluate_workloads(calibrated, [Workload("w", TRACE, gemm_sort_gemm_run)], device=rt.device, timing=TIMING,
+                            description="t", progress=False, heldout=held, pairing=Pairing(rt.open_profile(), "t"))
+    parts = df.attrs["heldout_by_kind"]
+    assert parts["all"]["calls"] == 3 and parts["untimed_calls"] == 0
+    assert set(parts["kinds"]) <= {"gemm", "sort", "other"} and parts["kinds"]
+    assert sum(k["calls"] for k in parts["kinds"].values()) == 3
+    assert 0 < parts["all"]["share_of_layers_pct"] and parts["all"]["heldout_over_replay"] > 0
+    assert summary("t", "cpu", df)["details"]["heldout_by_kind"] == parts
+
+
 def test_neighbours_scale_every_size_field_and_skip_invalid_ones():
     near = neighbour_specs(GemmSpec(8, 32, 32))
     assert GemmSpec(4, 16, 16) in near and GemmSpec(16, 64, 64) in near

@@ -1,0 +1,104 @@
+"""Where a held-out prediction's error comes from, kernel kind by kernel kind.
+
+A held-out L3 error has three parts (``docs/method.md``, "How a prediction is scored"):
+
+- **the kernel regression on shapes it never saw**: the held-out models' seconds for the
+  layers' kernels against the same kernels timed by their runners in the same rounds as the
+  layers (``calibration.paired``: no drift between the two, no composition);
+- **composition**: what a layer pays beyond its kernels (the replay score: layer against its
+  kernels timed beside it plus the cold-call chain);
+- **drift**: the machine's speed now against when the profile was measured
+  (``details.paired.family_ratio``).
+
+``heldout_error_parts`` gives the first part per kernel kind (family plus the field that
+picks the aten op: ``elementwise/add``, ``grouped_gemm/padded_bmm``), weighted by how often
+the traces call each kernel, so a run says which kinds its held-out error sits in. Both sides
+leave out the per-call cold overhead (``ceilings.cold_call_overhead_s``): it belongs to
+composition, and the runners' timings do not pay it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from costmodel.families.descriptor import KernelSpec
+from costmodel.model.predictor import CostModel
+from sim.predict.simulator import cold_call_extra_s, predict_trace
+
+#: kinds below this share of the layers' summed replayed kernel seconds are pooled as "other"
+MIN_KIND_SHARE = 0.01
+#: rounding of the ratios and shares written into summary.json
+DIGITS = 3
+
+
+def kernel_kind(spec: KernelSpec) -> str:
+    """The code path a kernel runs: its family plus the field that picks the aten op
+    (``op``, ``impl`` or ``backend``), e.g. ``elementwise/add``, ``scatter/index_add``."""
+    sub = next((getattr(spec, f) for f in ("op", "impl", "backend") if getattr(spec, f, None)), None)
+    return f"{spec.family}/{sub}" if sub else spec.family
+
+
+def timed_kernels(jobs: Sequence[Any], timings: Sequence[Mapping[str, Any]]) -> dict[KernelSpec, float]:
+    """Descriptor -> median seconds of the paired kernel jobs (``sim.predict.paired.kernel_jobs``)
+    from their timings (``measure_interleaved``'s results for those jobs, in the same order)."""
+    if len(jobs) != len(timings):
+        raise ValueError(f"{len(jobs)} kernel jobs but {len(timings)} timings")
+    return {job.spec: float(t["measured_s"]) for job, t in zip(jobs, timings)}
+
+
+def heldout_error_parts(traces: Sequence[Sequence[KernelSpec]], heldout_model: CostModel,
+                        kernel_s: Mapping[KernelSpec, float], layers_measured_s: float) -> dict[str, Any]:
+    """Per kernel kind of ``traces``: calls, held-out L3 kernel seconds, the same kernels'
+    seconds timed beside the layers (``kernel_s``: descriptor -> median seconds), their ratio
+    and the kind's share of the layers' measured seconds (``layers_measured_s``, summed over
+    the traces' layers). Kinds under ``MIN_KIND_SHARE`` of the replayed seconds are pooled as
+    ``other``; the whole is under ``all``. Kernels without a timing are left out and counted."""
+    if layers_measured_s <= 0:
+        raise ValueError(f"layers_measured_s must be > 0 seconds, got {layers_measured_s}")
+    calls = Counter(s for trace in traces for s in trace)
+    timed = [s for s in calls if s in kernel_s and np.isfinite(kernel_s[s]) and kernel_s[s] > 0]
+    timed_set = set(timed)
+    untimed = sum(n for s, n in calls.items() if s not in timed_set)
+    if not timed:
+        return {"kinds": {}, "all": None, "untimed_calls": int(untimed)}
+    predicted = predict_trace(heldout_model, timed, ["L3"], quiet=True)["L3"].to_numpy(dtype=np.float64)
+    predicted = predicted - cold_call_extra_s(heldout_model, "L3")
+    sums: dict[str, list[float]] = {}
+    for spec, pred in zip(timed, predicted):
+        n = calls[spec]
+        acc = sums.setdefault(kernel_kind(spec), [0.0, 0.0, 0.0])
+        acc[0] += n
+        acc[1] += n * float(pred)
+        acc[2] += n * float(kernel_s[spec])
+    replay_total = sum(v[2] for v in sums.values())
+    kinds: dict[str, dict[str, Any]] = {}
+    other = [0.0, 0.0, 0.0]
+    for kind, (n, pred_s, meas_s) in sorted(sums.items(), key=lambda kv: -kv[1][2]):
+        if meas_s < MIN_KIND_SHARE * replay_total:
+            other = [other[0] + n, other[1] + pred_s, other[2] + meas_s]
+            continue
+        kinds[kind] = _entry(n, pred_s, meas_s, layers_measured_s)
+    if other[0]:
+        kinds["other"] = _entry(*other, layers_measured_s)
+    whole = _entry(sum(v[0] for v in sums.values()), sum(v[1] for v in sums.values()), replay_total, layers_measured_s)
+    return {"kinds": kinds, "all": whole, "untimed_calls": int(untimed)}
+
+
+def _entry(calls: float, heldout_s: float, replay_s: float, layers_s: float) -> dict[str, Any]:
+    return {"calls": int(calls), "heldout_s": heldout_s, "replay_s": replay_s,
+            "heldout_over_replay": round(heldout_s / replay_s, DIGITS) if replay_s > 0 else None,
+            "share_of_layers_pct": round(100 * replay_s / layers_s, 1)}
+
+
+def describe(parts: Mapping[str, Any], top: int = 5) -> str:
+    """One line: the whole ratio and the kinds holding the most replayed seconds."""
+    whole = parts.get("all")
+    if not whole:
+        return "held-out error by kernel kind: no kernel of the traces was timed beside the layers"
+    kinds = ", ".join(f"{k} {v['heldout_over_replay']:.2f}x ({v['share_of_layers_pct']:.0f}% of the layers)"
+                      for k, v in list(parts["kinds"].items())[:top] if v["heldout_over_replay"] is not None)
+    return (f"held-out kernel seconds / the same kernels timed beside the layers: {whole['heldout_over_replay']:.2f}x "
+            f"over all kinds; by kind: {kinds}")
