@@ -44,6 +44,7 @@ from costmodel.families.sort import SortSpec
 from costmodel.families.topk import TopkSpec
 from costmodel.measure.runners import make_runner
 from costmodel.measure.runtime import Runtime
+from costmodel.model.features import roofline_time_s
 from costmodel.model.predictor import CostModel, StaleModelError
 from costmodel.store.profile import DeviceProfile, ProfileError
 from sim.workloads.backends import gnn_backend, moe_backend
@@ -54,6 +55,17 @@ from sim.workloads.moe_layer import MoEConfig
 console = make_console()
 
 TaggedSpecs = list[tuple[str, KernelSpec]]
+
+
+def roofline_weight(ceilings: dict[str, Any] | None) -> Callable[[KernelSpec], float] | None:
+    """A kernel's roofline seconds on the profile's ceilings (``neighbour_suite``'s weight: its
+    heaviest kernels get neighbours first); None before the ceilings are measured (bytes moved then)."""
+    if not ceilings or any(k not in ceilings for k in ("peak_flops_per_s", "bandwidth_bytes_per_s", "overhead_s")):
+        return None
+
+    def weight(spec: KernelSpec) -> float:
+        return float(roofline_time_s(np.array([spec.flops()]), np.array([spec.bytes_moved()]), ceilings)[0])
+    return weight
 
 
 def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progress: bool = True,
@@ -85,7 +97,8 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     if heldout:  # neighbours of the scored kernels, never the kernels themselves
         table, _ = heldout_table(profile, heldout_keys)
         short = family_shortfall(table, {s.family for s in heldout})
-        extra = neighbour_suite(heldout, {s.family for s in heldout}, heldout_keys | {s.key() for _, s in suite})
+        extra = neighbour_suite(heldout, {s.family for s in heldout}, heldout_keys | {s.key() for _, s in suite},
+                                weight=roofline_weight(profile.ceilings()))
         if short:
             console.print(f"held-out scoring: {', '.join(f'{f} ({n} kernels)' for f, n in short.items())} "
                           f"{'has' if len(short) == 1 else 'have'} too few kernels besides this run's own: "

@@ -116,6 +116,19 @@ def test_neighbours_scale_every_size_field_and_skip_invalid_ones():
     assert len(many) == NEIGHBOURS_PER_FAMILY
 
 
+def test_the_heaviest_kernels_get_their_neighbours_first():
+    small = [GemmSpec(m, 64, 64) for m in range(1, 60)]
+    assert neighbour_specs(GemmSpec(8, 32, 32))[:2] == [GemmSpec(4, 16, 16), GemmSpec(16, 64, 64)]  # together first
+    suite = {s for _, s in neighbour_suite(small + [GemmSpec(512, 512, 512)], ["gemm"], set())}
+    assert len(suite) == NEIGHBOURS_PER_FAMILY  # the budget holds
+    assert {GemmSpec(256, 256, 256), GemmSpec(1024, 1024, 1024)} <= suite  # default weight: bytes moved
+    # a weight (roofline seconds in calibration) picks which kernel is heavy
+    heavy = GemmSpec(3, 64, 64)
+    weighted = {s for _, s in neighbour_suite(small, ["gemm"], set(), weight=lambda s: float(s == heavy))}
+    assert {GemmSpec(2, 32, 32), GemmSpec(6, 128, 128)} <= weighted
+    assert GemmSpec(2, 32, 32) not in {s for _, s in neighbour_suite(small, ["gemm"], set())}
+
+
 def test_calibration_measures_neighbours_of_short_families(rt):
     trace = [GemmSpec(8, 32, 32), SoftmaxSpec(4, 8)]
     model = calibrated_model(rt, SUITE + [("grid", SoftmaxSpec(4, 8))], suite_name="t", progress=False,
@@ -137,3 +150,12 @@ def test_calibration_measures_neighbours_of_every_traced_family_never_the_traced
     assert {GemmSpec(16, 64, 64).key(), SortSpec(1500).key(), SortSpec(750).key()} <= set(near["key"])
     assert GemmSpec(16, 32, 32).key() not in set(near["key"])  # a suite kernel already: not measured twice
     assert not ({s.key() for s in trace} & set(near["key"]))
+
+
+def test_roofline_weight_is_the_kernels_roofline_seconds():
+    from sim.predict.calibration import roofline_weight
+
+    assert roofline_weight(None) is None and roofline_weight({"overhead_s": 1e-6}) is None
+    ceilings = {"peak_flops_per_s": 1e9, "bandwidth_bytes_per_s": 1e9, "overhead_s": 1e-6}
+    gemm = GemmSpec(8, 32, 32)  # 16384 FLOPs; (8*32 + 32*32 + 8*32) * 4 bytes = 6144 bytes
+    assert roofline_weight(ceilings)(gemm) == pytest.approx(max(gemm.flops(), gemm.bytes_moved()) / 1e9 + 1e-6)
