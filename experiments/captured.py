@@ -79,7 +79,7 @@ def evaluate_captured(model: CostModel, workloads: Sequence[CapturedWorkload], *
                                         timed[n:first_kernel])
     df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
     if heldout is not None and jobs:
-        df.attrs["heldout_by_kind"] = error_parts_of(traces, heldout.model, jobs, timed[first_kernel:], measured)
+        df.attrs["heldout_by_kind"] = error_parts_of(traces, heldout.model, jobs, timed[first_kernel:], measured, model)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     coverage = []

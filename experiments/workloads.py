@@ -177,7 +177,7 @@ def evaluate_workloads(
                                         timed[first_ref:first_chain])
     df = scored_tables(lookup, replay, held, heldout, heldout_drift=drift_scaled)
     if heldout is not None and jobs:
-        df.attrs["heldout_by_kind"] = error_parts_of(traces, heldout.model, jobs, timed[first_kernel:], measured)
+        df.attrs["heldout_by_kind"] = error_parts_of(traces, heldout.model, jobs, timed[first_kernel:], measured, model)
     df.attrs["rounds"] = timing.rounds
     df.attrs["freshness"] = dict(getattr(model, "freshness", {}) or {})
     df.attrs["profile_drift"] = drift_summary([t["measured_s"] for t in timed[n:n + len(refs)]], refs)
@@ -205,13 +205,16 @@ def heldout_scored(heldout: Any, predict: Callable[[CostModel, Callable[[str], f
 
 
 def error_parts_of(traces: Sequence[Sequence[KernelSpec]], heldout_model: CostModel, jobs: Sequence[Any],
-                   kernel_timings: Sequence[dict[str, Any]], measured: pd.DataFrame) -> dict[str, Any]:
-    """The held-out error's kernel part by kernel kind (``sim.predict.error_parts``), printed in one line:
-    held-out kernel seconds against the same kernels timed beside the layers in this run."""
+                   kernel_timings: Sequence[dict[str, Any]], measured: pd.DataFrame,
+                   as_loaded: CostModel) -> dict[str, Any]:
+    """The held-out error's kernel parts by kernel kind (``sim.predict.error_parts``), printed in one
+    line: held-out kernel seconds against the same kernels timed beside the layers in this run,
+    split into the regression (held out / profiled) and drift (timed now / profiled) over the
+    kernels ``as_loaded`` (the profile before the run) holds."""
     from sim.predict import error_parts  # noqa: PLC0415
 
     parts = error_parts.heldout_error_parts(traces, heldout_model, error_parts.timed_kernels(jobs, kernel_timings),
-                                            float(measured["measured_s"].sum()))
+                                            float(measured["measured_s"].sum()), dict(as_loaded.measured_s))
     console.print(error_parts.describe(parts))
     return parts
 

@@ -3,18 +3,22 @@
 A held-out L3 error has three parts (``docs/method.md``, "How a prediction is scored"):
 
 - **the kernel regression on shapes it never saw**: the held-out models' seconds for the
-  layers' kernels against the same kernels timed by their runners in the same rounds as the
-  layers (``calibration.paired``: no drift between the two, no composition);
-- **composition**: what a layer pays beyond its kernels (the replay score: layer against its
-  kernels timed beside it plus the cold-call chain);
-- **drift**: the machine's speed now against when the profile was measured
-  (``details.paired.family_ratio``).
+  layers' kernels against the profile's own measurements of the same kernels, as loaded
+  before the run (both from the profile: no drift, no composition);
+- **drift**: the same kernels timed now, by their runners in the same rounds as the layers
+  (``calibration.paired``), against those profiled seconds: the machine's speed now against
+  when the profile was measured;
+- **composition**: what a layer pays beyond its kernels (the replay score: layers against
+  their kernels timed beside them plus the cold-call chain).
 
-``heldout_error_parts`` gives the first part per kernel kind (family plus the field that
+``heldout_error_parts`` gives the first two per kernel kind (family plus the field that
 picks the aten op: ``elementwise/add``, ``grouped_gemm/padded_bmm``), weighted by how often
-the traces call each kernel, so a run says which kinds its held-out error sits in. Both sides
-leave out the per-call cold overhead (``ceilings.cold_call_overhead_s``): it belongs to
-composition, and the runners' timings do not pay it.
+the traces call each kernel, and their product, held out against timed now, so a run says
+which kinds its held-out error sits in and whether it is the regression or the machine.
+The regression and drift parts cover the kernels the profile had before the run (a kernel
+it never measured has no profiled seconds; ``profiled_calls`` counts the covered calls).
+Every side leaves out the per-call cold overhead (``ceilings.cold_call_overhead_s``): it
+belongs to composition, and the runners' timings do not pay it.
 """
 
 from __future__ import annotations
@@ -50,14 +54,20 @@ def timed_kernels(jobs: Sequence[Any], timings: Sequence[Mapping[str, Any]]) -> 
 
 
 def heldout_error_parts(traces: Sequence[Sequence[KernelSpec]], heldout_model: CostModel,
-                        kernel_s: Mapping[KernelSpec, float], layers_measured_s: float) -> dict[str, Any]:
+                        kernel_s: Mapping[KernelSpec, float], layers_measured_s: float,
+                        profiled_s: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Per kernel kind of ``traces``: calls, held-out L3 kernel seconds, the same kernels'
     seconds timed beside the layers (``kernel_s``: descriptor -> median seconds), their ratio
-    and the kind's share of the layers' measured seconds (``layers_measured_s``, summed over
-    the traces' layers). Kinds under ``MIN_KIND_SHARE`` of the replayed seconds are pooled as
-    ``other``; the whole is under ``all``. Kernels without a timing are left out and counted."""
+    (``heldout_over_replay``) and the kind's share of the layers' measured seconds
+    (``layers_measured_s``, summed over the traces' layers). With ``profiled_s`` (kernel key ->
+    the profile's seconds as loaded before the run: ``CostModel.measured_s``), over the calls
+    of kernels it holds: ``heldout_over_profiled`` (the regression part) and
+    ``replay_over_profiled`` (the drift part). Kinds under ``MIN_KIND_SHARE`` of the replayed
+    seconds are pooled as ``other``; the whole is under ``all``. Kernels without a timing are
+    left out and counted."""
     if layers_measured_s <= 0:
         raise ValueError(f"layers_measured_s must be > 0 seconds, got {layers_measured_s}")
+    profiled_s = profiled_s or {}
     calls = Counter(s for trace in traces for s in trace)
     timed = [s for s in calls if s in kernel_s and np.isfinite(kernel_s[s]) and kernel_s[s] > 0]
     timed_set = set(timed)
@@ -66,39 +76,54 @@ def heldout_error_parts(traces: Sequence[Sequence[KernelSpec]], heldout_model: C
         return {"kinds": {}, "all": None, "untimed_calls": int(untimed)}
     predicted = predict_trace(heldout_model, timed, ["L3"], quiet=True)["L3"].to_numpy(dtype=np.float64)
     predicted = predicted - cold_call_extra_s(heldout_model, "L3")
-    sums: dict[str, list[float]] = {}
+    #: per kind: calls, held-out s, timed s, then over the profiled calls: calls, held-out s, timed s, profiled s
+    sums: dict[str, np.ndarray] = {}
     for spec, pred in zip(timed, predicted):
-        n = calls[spec]
-        acc = sums.setdefault(kernel_kind(spec), [0.0, 0.0, 0.0])
-        acc[0] += n
-        acc[1] += n * float(pred)
-        acc[2] += n * float(kernel_s[spec])
+        n, now = calls[spec], float(kernel_s[spec])
+        was = profiled_s.get(spec.key())
+        covered = [n, n * float(pred), n * now, n * float(was)] if was is not None and was > 0 else [0, 0, 0, 0]
+        acc = sums.setdefault(kernel_kind(spec), np.zeros(7))
+        acc += np.array([n, n * float(pred), n * now, *covered])
     replay_total = sum(v[2] for v in sums.values())
     kinds: dict[str, dict[str, Any]] = {}
-    other = [0.0, 0.0, 0.0]
-    for kind, (n, pred_s, meas_s) in sorted(sums.items(), key=lambda kv: -kv[1][2]):
-        if meas_s < MIN_KIND_SHARE * replay_total:
-            other = [other[0] + n, other[1] + pred_s, other[2] + meas_s]
+    other = np.zeros(7)
+    for kind, acc in sorted(sums.items(), key=lambda kv: -kv[1][2]):
+        if acc[2] < MIN_KIND_SHARE * replay_total:
+            other += acc
             continue
-        kinds[kind] = _entry(n, pred_s, meas_s, layers_measured_s)
+        kinds[kind] = _entry(acc, layers_measured_s)
     if other[0]:
-        kinds["other"] = _entry(*other, layers_measured_s)
-    whole = _entry(sum(v[0] for v in sums.values()), sum(v[1] for v in sums.values()), replay_total, layers_measured_s)
-    return {"kinds": kinds, "all": whole, "untimed_calls": int(untimed)}
+        kinds["other"] = _entry(other, layers_measured_s)
+    return {"kinds": kinds, "all": _entry(sum(sums.values()), layers_measured_s), "untimed_calls": int(untimed)}
 
 
-def _entry(calls: float, heldout_s: float, replay_s: float, layers_s: float) -> dict[str, Any]:
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, DIGITS) if b > 0 else None
+
+
+def _entry(acc: np.ndarray, layers_s: float) -> dict[str, Any]:
+    calls, heldout_s, replay_s, p_calls, p_heldout_s, p_replay_s, profiled_s = (float(v) for v in acc)
     return {"calls": int(calls), "heldout_s": heldout_s, "replay_s": replay_s,
-            "heldout_over_replay": round(heldout_s / replay_s, DIGITS) if replay_s > 0 else None,
-            "share_of_layers_pct": round(100 * replay_s / layers_s, 1)}
+            "heldout_over_replay": _ratio(heldout_s, replay_s),
+            "share_of_layers_pct": round(100 * replay_s / layers_s, 1),
+            "profiled_calls": int(p_calls),
+            "heldout_over_profiled": _ratio(p_heldout_s, profiled_s),
+            "replay_over_profiled": _ratio(p_replay_s, profiled_s)}
 
 
 def describe(parts: Mapping[str, Any], top: int = 5) -> str:
-    """One line: the whole ratio and the kinds holding the most replayed seconds."""
+    """One line: the whole ratios and the kinds holding the most replayed seconds."""
     whole = parts.get("all")
     if not whole:
         return "held-out error by kernel kind: no kernel of the traces was timed beside the layers"
-    kinds = ", ".join(f"{k} {v['heldout_over_replay']:.2f}x ({v['share_of_layers_pct']:.0f}% of the layers)"
+
+    def split(v: Mapping[str, Any]) -> str:
+        if v["heldout_over_profiled"] is None:
+            return ""
+        return f" [regression {v['heldout_over_profiled']:.2f}x, drift {v['replay_over_profiled']:.2f}x]"
+    kinds = ", ".join(f"{k} {v['heldout_over_replay']:.2f}x{split(v)} ({v['share_of_layers_pct']:.0f}% of the layers)"
                       for k, v in list(parts["kinds"].items())[:top] if v["heldout_over_replay"] is not None)
-    return (f"held-out kernel seconds / the same kernels timed beside the layers: {whole['heldout_over_replay']:.2f}x "
-            f"over all kinds; by kind: {kinds}")
+    return (f"held-out kernel seconds / the same kernels timed beside the layers: {whole['heldout_over_replay']:.2f}x"
+            f"{split(whole)} over all kinds (regression: held out / profiled, drift: timed now / profiled, over the "
+            "kernels the profile held); "
+            f"by kind: {kinds}")

@@ -49,6 +49,19 @@ def test_parts_weight_each_kernel_by_its_calls_and_leave_out_the_cold_call_overh
     assert parts["untimed_calls"] == 1
     assert list(parts["kinds"]) == ["sort", "gemm", "other"]  # by replayed seconds
     assert "0.70x over all kinds" in describe(parts) and "sort 0.50x (20% of the layers)" in describe(parts)
+    assert gemm["heldout_over_profiled"] is None and gemm["profiled_calls"] == 0  # no profiled seconds given
+
+
+def test_the_profiled_seconds_split_regression_from_drift():
+    traces = [[GEMM, SORT, GEMM, TOPK], [GEMM, ADD]]
+    timed = {GEMM: 1e-6, SORT: 20e-6, TOPK: 0.1e-6}
+    parts = heldout_error_parts(traces, MODEL, timed, 100e-6, profiled_s={GEMM.key(): 0.5e-6})  # sort never profiled
+    gemm, sort = parts["kinds"]["gemm"], parts["kinds"]["sort"]
+    # held out 2 us where the profile says 0.5 us (regression 4x); timed now 1 us (drift 2x)
+    assert gemm["profiled_calls"] == 3 and gemm["heldout_over_profiled"] == 4.0 and gemm["replay_over_profiled"] == 2.0
+    assert sort["profiled_calls"] == 0 and sort["heldout_over_profiled"] is None
+    assert parts["all"]["profiled_calls"] == 3 and parts["all"]["heldout_over_profiled"] == 4.0
+    assert "gemm 2.00x [regression 4.00x, drift 2.00x]" in describe(parts)
 
 
 def test_nothing_timed_and_bad_input():
