@@ -117,13 +117,14 @@ def describe(parts: Mapping[str, Any], top: int = 5) -> str:
     if not whole:
         return "held-out error by kernel kind: no kernel of the traces was timed beside the layers"
 
-    def split(v: Mapping[str, Any]) -> str:
+    def split(v: Mapping[str, Any]) -> str:  # parentheses, not brackets: the console reads [..] as markup
         if v["heldout_over_profiled"] is None:
             return ""
-        return f" [regression {v['heldout_over_profiled']:.2f}x, drift {v['replay_over_profiled']:.2f}x]"
-    kinds = ", ".join(f"{k} {v['heldout_over_replay']:.2f}x{split(v)} ({v['share_of_layers_pct']:.0f}% of the layers)"
+        return f"regression {v['heldout_over_profiled']:.2f}x, drift {v['replay_over_profiled']:.2f}x; "
+    kinds = ", ".join(f"{k} {v['heldout_over_replay']:.2f}x ({split(v)}{v['share_of_layers_pct']:.0f}% of the layers)"
                       for k, v in list(parts["kinds"].items())[:top] if v["heldout_over_replay"] is not None)
+    whole_split = f" ({split(whole).removesuffix('; ')})" if split(whole) else ""
     return (f"held-out kernel seconds / the same kernels timed beside the layers: {whole['heldout_over_replay']:.2f}x"
-            f"{split(whole)} over all kinds (regression: held out / profiled, drift: timed now / profiled, over the "
+            f"{whole_split} over all kinds (regression: held out / profiled, drift: timed now / profiled, over the "
             "kernels the profile held); "
             f"by kind: {kinds}")

@@ -61,7 +61,9 @@ def test_the_profiled_seconds_split_regression_from_drift():
     assert gemm["profiled_calls"] == 3 and gemm["heldout_over_profiled"] == 4.0 and gemm["replay_over_profiled"] == 2.0
     assert sort["profiled_calls"] == 0 and sort["heldout_over_profiled"] is None
     assert parts["all"]["profiled_calls"] == 3 and parts["all"]["heldout_over_profiled"] == 4.0
-    assert "gemm 2.00x [regression 4.00x, drift 2.00x]" in describe(parts)
+    line = describe(parts)
+    assert "gemm 2.00x (regression 4.00x, drift 2.00x; 3% of the layers)" in line and "[" not in line
+    assert "sort 0.50x (20% of the layers)" in line
 
 
 def test_nothing_timed_and_bad_input():
