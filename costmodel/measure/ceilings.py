@@ -10,8 +10,9 @@
   (measured here: ~50 us per op, 0.69 vs 0.19 ms for the chain; 14 us on the AMD EPYC VM
   when its profile was made, 16-34 us there a day later). Kernels are profiled with rotated
   operands but hot code, so layer predictions add it per kernel (``predict_trace``); paired
-  runs re-time the chain beside their layers and store it (``sim.predict.paired``), as they do the
-  kernels; 0 on CUDA, whose L2 flush leaves the host's caches alone;
+  runs re-time the chain beside their layers (their replay uses that value) and the profile
+  keeps the median of its last ``COLD_CALL_HISTORY`` measurements (``sim.predict.paired``);
+  0 on CUDA, whose L2 flush leaves the host's caches alone;
 - ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
   (Williams et al. 2009);
 - parallel units: SMs on a GPU, threads on a CPU (for the tile/wave features).
@@ -29,6 +30,11 @@ from costmodel.measure.timing import Measurement, TimingConfig, measure
 from costmodel.store.profile import DeviceProfile
 
 COLD_CHAIN_OPS = 10
+#: the cold-call overhead a profile predicts with is the median of the chain's last this many
+#: measurements (each one sitting's rounds, ``with_cold_call_overhead``): one sitting's value
+#: swung 10-32 us per op on the EPYC VM within a day, and a module of 649 kernels (OLMoE's
+#: block) moved by 5 ms of 27 with it
+COLD_CALL_HISTORY = 7
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -149,9 +155,18 @@ def measure_cold_call_overhead(device: torch.device, dtype: str, timing: TimingC
 
 
 def with_cold_call_overhead(ceilings: dict[str, Any], overhead_s: float, evidence: dict[str, Any]) -> dict[str, Any]:
-    """``ceilings`` with a new cold-call overhead and the chain timings it came from."""
-    return {**ceilings, "cold_call_overhead_s": overhead_s,
-            "evidence": {**ceilings.get("evidence", {}), "cold_chain": evidence}}
+    """``ceilings`` with one more measurement of the cold-call overhead: it joins the history
+    (``evidence.cold_call_history``, the last ``COLD_CALL_HISTORY``; a profile's value from
+    before the history is its first entry) and ``cold_call_overhead_s`` becomes the history's
+    median; the chain timings it came from are kept (``evidence.cold_chain``)."""
+    old = dict(ceilings.get("evidence", {}))
+    history = list(old.get("cold_call_history", []))
+    if not history and ceilings.get("cold_call_overhead_s") is not None:
+        history = [{"overhead_s": float(ceilings["cold_call_overhead_s"]), "at": None}]
+    at = evidence.get("paired_at") or evidence.get("at")
+    history = (history + [{"overhead_s": float(overhead_s), "at": at}])[-COLD_CALL_HISTORY:]
+    return {**ceilings, "cold_call_overhead_s": float(np.median([h["overhead_s"] for h in history])),
+            "evidence": {**old, "cold_chain": evidence, "cold_call_history": history}}
 
 
 def ensure_ceilings(

@@ -198,18 +198,20 @@ def record_paired(profile: DeviceProfile, jobs: Sequence[KernelJob], rounds: Seq
 
 def record_cold_chain(profile: DeviceProfile, cold: Sequence[Measurement], warm: Sequence[Measurement], *,
                       at: str | None = None) -> dict[str, Any]:
-    """Store the cold-call overhead measured from the chain's rounds (``cold``: each call after
-    an eviction, ``warm``: back to back) in the profile's ceilings, keeping the previous
-    value in the evidence; returns ``{"profiled", "now", "cold_s", "warm_s"}`` (seconds)."""
+    """Add the cold-call overhead measured from the chain's rounds (``cold``: each call after
+    an eviction, ``warm``: back to back) to the profile's ceilings (``with_cold_call_overhead``:
+    the stored value becomes the median of the recent measurements), keeping the previous
+    value in the evidence; returns ``{"profiled", "now", "stored", "cold_s", "warm_s"}`` (seconds)."""
     from costmodel.measure.ceilings import COLD_CHAIN_OPS, cold_call_overhead_from, with_cold_call_overhead  # noqa: PLC0415
 
     cold_s, warm_s = [m.median_s for m in cold], [m.median_s for m in warm]
     now = cold_call_overhead_from(cold_s, warm_s)
     stamp = at or time.strftime(TIME_FORMAT)
-    before, _ = profile.update_ceilings(lambda ceilings: with_cold_call_overhead(ceilings, now, {
+    before, after = profile.update_ceilings(lambda ceilings: with_cold_call_overhead(ceilings, now, {
         "chain_ops": COLD_CHAIN_OPS, "cold_s": cold_s, "warm_s": warm_s, "paired_at": stamp,
         "before_s": ceilings.get("cold_call_overhead_s")}), "recording the cold-call chain")
-    return {"profiled": before.get("cold_call_overhead_s"), "now": now, "cold_s": cold_s, "warm_s": warm_s}
+    return {"profiled": before.get("cold_call_overhead_s"), "now": now, "stored": after["cold_call_overhead_s"],
+            "cold_s": cold_s, "warm_s": warm_s}
 
 
 def refit(profile: DeviceProfile, *, cv_folds: int = 4, freshness: dict[str, Any] | None = None) -> CostModel:
