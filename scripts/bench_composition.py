@@ -43,15 +43,16 @@ from costmodel.measure.timing import TimingConfig, measure
 from sim.api import load_cost_model
 from sim.workloads.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
 from sim.workloads.routing import ZipfRouting, route
+from sim.predict.error_parts import kernel_kind
 from sim.predict.simulator import measure_callable, predict_trace
 
 SMALL_BYTES = 1 << 20  # a kernel moving less than this is "small": its cold call is code, not data
 
 
 def kind(spec: KernelSpec) -> str:
-    """The code path a kernel runs: its family plus the field that picks the aten op."""
-    sub = next((getattr(spec, f) for f in ("op", "impl", "backend") if getattr(spec, f, None)), None)
-    return f"{spec.family}/{sub}/{spec.dtype}" if sub else f"{spec.family}/{spec.dtype}"
+    """The code path a kernel runs: its family plus the field that picks the aten op
+    (``sim.predict.error_parts.kernel_kind``), and its dtype."""
+    return f"{kernel_kind(spec)}/{spec.dtype}"
 
 
 def main() -> None:
