@@ -163,8 +163,7 @@ def with_cold_call_overhead(ceilings: dict[str, Any], overhead_s: float, evidenc
     history = list(old.get("cold_call_history", []))
     if not history and ceilings.get("cold_call_overhead_s") is not None:
         history = [{"overhead_s": float(ceilings["cold_call_overhead_s"]), "at": None}]
-    at = evidence.get("paired_at") or evidence.get("at")
-    history = (history + [{"overhead_s": float(overhead_s), "at": at}])[-COLD_CALL_HISTORY:]
+    history = (history + [{"overhead_s": float(overhead_s), "at": evidence.get("paired_at")}])[-COLD_CALL_HISTORY:]
     return {**ceilings, "cold_call_overhead_s": float(np.median([h["overhead_s"] for h in history])),
             "evidence": {**old, "cold_chain": evidence, "cold_call_history": history}}
 

@@ -196,9 +196,9 @@ def neighbour_suite(specs: Iterable[KernelSpec], families: Iterable[str], exclud
     evenly spaced ranks of bytes moved. What a profile measures around an experiment's kernels."""
     weigh = weight if weight is not None else (lambda s: float(s.bytes_moved()))
     wanted = set(families)
-    by_family: dict[str, dict[str, KernelSpec]] = {}
-    #: per family, every candidate's (parent weight, rank among its parent's neighbours)
-    order: dict[str, dict[str, tuple[float, int]]] = {}
+    #: per family, key -> (priority: minus its heaviest parent's weight, its rank among that
+    #: parent's neighbours; the descriptor)
+    by_family: dict[str, dict[str, tuple[tuple[float, int], KernelSpec]]] = {}
     for s in dict.fromkeys(specs):
         if s.family not in wanted:
             continue
@@ -207,22 +207,19 @@ def neighbour_suite(specs: Iterable[KernelSpec], families: Iterable[str], exclud
             key = near.key()
             if key in exclude_keys:
                 continue
-            by_family.setdefault(s.family, {}).setdefault(key, near)
-            best = order.setdefault(s.family, {}).get(key)
-            if best is None or (-w, rank) < (-best[0], best[1]):
-                order[s.family][key] = (w, rank)
+            known = by_family.setdefault(s.family, {})
+            if key not in known or (-w, rank) < known[key][0]:
+                known[key] = ((-w, rank), near)
     out: list[tuple[str, KernelSpec]] = []
     heavy_n = int(round(HEAVY_SHARE * NEIGHBOURS_PER_FAMILY))
+    by_bytes = lambda s: (s.bytes_moved(), s.key())  # noqa: E731
     for family in sorted(by_family):
-        near = by_family[family]
-        if len(near) <= NEIGHBOURS_PER_FAMILY:
-            chosen = sorted(near.values(), key=lambda s: (s.bytes_moved(), s.key()))
+        ranked = [near for _, near in sorted(by_family[family].values(), key=lambda e: (e[0], e[1].key()))]
+        if len(ranked) <= NEIGHBOURS_PER_FAMILY:
+            chosen = sorted(ranked, key=by_bytes)
         else:
-            ranked = sorted(near, key=lambda k: (-order[family][k][0], order[family][k][1], k))
-            heavy = ranked[:heavy_n]
-            rest = sorted((near[k] for k in ranked[heavy_n:]), key=lambda s: (s.bytes_moved(), s.key()))
-            spread_n = NEIGHBOURS_PER_FAMILY - len(heavy)
-            ranks = np.unique(np.round(np.linspace(0, len(rest) - 1, spread_n)).astype(int))
-            chosen = [near[k] for k in heavy] + [rest[i] for i in ranks]
+            rest = sorted(ranked[heavy_n:], key=by_bytes)
+            ranks = np.unique(np.round(np.linspace(0, len(rest) - 1, NEIGHBOURS_PER_FAMILY - heavy_n)).astype(int))
+            chosen = ranked[:heavy_n] + [rest[i] for i in ranks]
         out += [("heldout_neighbour", s) for s in chosen]
     return out
