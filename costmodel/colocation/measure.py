@@ -11,7 +11,8 @@
    between, so a family of many small kernels and a few large ones is measured across its
    sizes, which is where the factor changes; kernels whose profiled median exceeds
    ``max_call_s`` are left out so the run stays bounded, the smallest kept where none is
-   under it);
+   under it), and (``stream``) the family's most streaming kernel beyond the private cache
+   (most bytes per profiled second), the top of the own-pressure axis the factors are read on;
 3. launches W gloo processes with the project's launcher (``run_workers``), each pinned
    to its core (``costmodel.colocation.rank``): rank 0 times each kernel alone, while the
    twins run the same kernel back to back, and (``stream``, the default) while the others
@@ -87,8 +88,12 @@ def check_cores(cores: object) -> tuple[int, ...]:
 
 
 def pick_kernels(profile: Any, *, per_family: int = DEFAULT_PER_FAMILY, max_call_s: float = DEFAULT_MAX_CALL_S,
-                 families: Sequence[str] | None = None) -> dict[str, list[tuple[Any, dict[str, Any]]]]:
-    """Per family: (descriptor, its profile row) of ``per_family`` kernels spanning its bytes."""
+                 families: Sequence[str] | None = None,
+                 private_cache_bytes: float | None = None) -> dict[str, list[tuple[Any, dict[str, Any]]]]:
+    """Per family: (descriptor, its profile row) of ``per_family`` kernels spanning its bytes, and
+    with ``private_cache_bytes`` the one moving the most bytes per profiled second among those
+    larger than that cache, if not already chosen (the family's most memory-bound kernel: the
+    top of its own-pressure axis, ``ColocationFactors.factor(..., alone_s=)``)."""
     if isinstance(per_family, bool) or not isinstance(per_family, int) or not PER_FAMILY[0] <= per_family <= PER_FAMILY[1]:
         raise ColocationError(f"per_family must be an integer in [{PER_FAMILY[0]}, {PER_FAMILY[1]}], got {per_family!r}")
     table, specs = profile._kernels_and_specs()
@@ -105,6 +110,12 @@ def pick_kernels(profile: Any, *, per_family: int = DEFAULT_PER_FAMILY, max_call
         fast = [x for x in rows if x[1]["median_s"] <= max_call_s] or [min(rows, key=lambda x: x[1]["median_s"])]
         fast.sort(key=lambda x: (x[1]["bytes_moved"], x[1]["median_s"]))
         out[fam] = [fast[i] for i in log_spaced(np.array([x[1]["bytes_moved"] for x in fast], dtype=float), per_family)]
+        streaming = [x for x in fast if private_cache_bytes is not None and x[1]["bytes_moved"] >= private_cache_bytes
+                     and x[1]["median_s"] > 0]
+        if streaming:
+            top = max(streaming, key=lambda x: x[1]["bytes_moved"] / x[1]["median_s"])
+            if all(top[1]["key"] != r["key"] for _, r in out[fam]):
+                out[fam].append(top)
     return out
 
 
@@ -191,7 +202,9 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
         raise ColocationError(f"the co-location measurement runs one 1-thread rank per core on CPU; profile "
                               f"{profile.path} is {fp.device_kind} with threads={fp.threads} (use the threads=1 profile)")
     timing = timing or DEFAULT_TIMING
-    picked = pick_kernels(profile, per_family=per_family, max_call_s=max_call_s, families=families)
+    cache_bytes, cache_source = private_cache_bytes(placed[0])
+    picked = pick_kernels(profile, per_family=per_family, max_call_s=max_call_s, families=families,
+                          private_cache_bytes=cache_bytes if stream else None)
     items = [(fam, spec, row) for fam, chosen in picked.items() for spec, row in chosen]
     W = len(placed)
     per_round = timing.per_round()
@@ -235,7 +248,6 @@ def measure_colocation(profile: Any, cores: Sequence[int] = (0, 1), *, per_famil
             v["stream_factor"] = float(statistics.median(k["stream_ratio"] for k in v["kernels"]))
     neighbour = None
     if stream:
-        cache_bytes, cache_source = private_cache_bytes(placed[0])
         alone_rate = run.results[0]["stream_alone"]
         beside_rates = [t["bytes_per_s"] for tw in twins for item in tw for t in item["stream_twin"]]
         neighbour = {"what": "a copy through two 256 MiB float32 buffers, 8 MiB per call (costmodel.colocation.rank."
