@@ -103,6 +103,7 @@ CONSTRAINTS: dict[str, Any] = {
     "partition.rounds": Interval(int, 1, 20),
     "partition.timeout_s": Interval(int, 10, 3600),
     "partition.colocation": Rule(colocation_ok, colocation_words),
+    "partition.keep_awake": Options([True, False]),
 }
 
 
@@ -130,7 +131,7 @@ def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> 
     return {"world_size": W if measuring else whatif, "partitioners": list(dict.fromkeys(names)),
             "warmup": part.get("warmup", 2), "repeats": part.get("repeats", 10), "rounds": part.get("rounds", 3),
             "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full"),
-            "colocation": part.get("colocation", "profile")}
+            "colocation": part.get("colocation", "profile"), "keep_awake": part.get("keep_awake", True)}
 
 
 def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
@@ -199,10 +200,10 @@ def partition_suite(points: Sequence[Mapping[str, Any]], cv_range: tuple[float, 
 # ----------------------------------------------------------------------------- collectives
 
 
-def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[Any, str]:
-    """The collective model for W ranks of gloo on this host: its profile (measured first when
-    missing and ``measuring``), or (measure=false) a latency-bandwidth what-if with the W=2
-    profile's all-to-all alpha and beta."""
+def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str, keep_awake: bool = True) -> tuple[Any, str]:
+    """The collective model for W ranks of gloo on this host, their cores kept awake or not
+    (``partition.keep_awake``): its profile (measured first when missing and ``measuring``), or
+    (measure=false) a latency-bandwidth what-if with the W=2 profile's all-to-all alpha and beta."""
     from costmodel.collectives import (  # noqa: PLC0415
         CollectiveProfileError, bench_collectives, load_collective_model, load_step_model, make_latency_bandwidth_model,
     )
@@ -210,17 +211,18 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
     root = rt.profile_root
     try:
         cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, measure_if_missing=False,
-                                   protocol=PROTOCOL)
+                                   protocol=PROTOCOL, keep_awake=keep_awake)
         return cm, f"collective profile {cm.describe_source()}, {PROTOCOL} protocol"
     except CollectiveProfileError as err:
         if not measuring:
             try:
-                cm, how = load_step_model(W, BACKEND, root)
+                cm, how = load_step_model(W, BACKEND, root, keep_awake=keep_awake)
                 return cm, f"collective profile {cm.describe_source()}, {how}"
             except CollectiveProfileError:
                 pass
             try:
-                base = load_collective_model(world_size=2, backend=BACKEND, profile_root=root, measure_if_missing=False)
+                base = load_collective_model(world_size=2, backend=BACKEND, profile_root=root, measure_if_missing=False,
+                                             keep_awake=keep_awake)
             except CollectiveProfileError:
                 raise ValueError(f"measure=false at partition.whatif_world_size={W} needs a collective profile: {err}; "
                                  "none for world_size=2 either (run experiment=gnn_partition once with measure=true)"
@@ -236,9 +238,9 @@ def _collectives(rt: Runtime, W: int, *, measuring: bool, suite: str) -> tuple[A
         spec = QUICK_SUITE
     console.print(f"no collective profile with {PROTOCOL}-protocol rows for {BACKEND} W={W} here: measuring the "
                   f"{suite} collectives suite first")
-    bench_collectives(W, spec, profile_root=root, backend=BACKEND, progress=bool(True))
+    bench_collectives(W, spec, profile_root=root, backend=BACKEND, progress=bool(True), keep_awake=keep_awake)
     cm = load_collective_model(world_size=W, backend=BACKEND, profile_root=root, measure_if_missing=False,
-                               protocol=PROTOCOL)
+                               protocol=PROTOCOL, keep_awake=keep_awake)
     return cm, f"collective profile {cm.describe_source()} (measured by this run, {suite} suite), {PROTOCOL} protocol"
 
 
@@ -283,7 +285,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     model = calibrated_model(rt, suite, suite_name="gnn", progress=progress, heldout=distinct,
                              **calibration_options(cfg))
     heldout = heldout_for(rt, model, traces, what="gnn_partition")
-    cm, cm_how = _collectives(rt, W, measuring=True, suite=part["collective_suite"])
+    cm, cm_how = _collectives(rt, W, measuring=True, suite=part["collective_suite"], keep_awake=part["keep_awake"])
     console.print(f"all-to-all model: {cm_how}")
     colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=True,
                                      what="gnn_partition", progress=progress)
@@ -300,7 +302,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     measured = run_partition_forward([(pt["cfg"], pt["plan"], pt["edge_index"]) for pt in points], x, world_size=W,
                                      seed=rt.seed, repeats=part["repeats"], warmup=part["warmup"],
                                      rounds=part["rounds"], cold=cold, allocator=str(cfg.get("allocator", "steady")),
-                                     timeout_s=float(part["timeout_s"]))
+                                     timeout_s=float(part["timeout_s"]), keep_awake=part["keep_awake"])
     console.print(f"ranks: {measured['note']}")
     details["ranks"] = measured["note"]
     details["collective_model"] = {"how": cm_how, "levels": list(getattr(cm, "levels", ()))}
@@ -479,7 +481,8 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                   out: Path, part: Mapping[str, Any]) -> dict[str, Any]:
     W = part["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
-    cm, how = _collectives(rt, W, measuring=False, suite=part["collective_suite"])
+    cm, how = _collectives(rt, W, measuring=False, suite=part["collective_suite"],
+                           keep_awake=part.get("keep_awake", True))
     colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=False,
                                      what="gnn_partition", profile=rt.profile_root / model.fingerprint.id)
     rows, per_point = [], []

@@ -102,6 +102,7 @@ CONSTRAINTS: dict[str, Any] = {
     "ep.timeout_s": Interval(int, 10, 3600),
     "ep.collectives": Options(list(COLLECTIVE_SOURCES)),
     "ep.colocation": Rule(colocation_ok, colocation_words),
+    "ep.keep_awake": Options([True, False]),
 }
 
 
@@ -157,7 +158,8 @@ def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[s
     return {"world_size": ranks, "placements": placements,
             "capacity_factor": None if capacity is None else float(capacity),
             "warmup": ep.get("warmup", 2), "repeats": ep.get("repeats", 15), "timeout_s": ep.get("timeout_s", 600),
-            "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "profile")}
+            "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "profile"),
+            "keep_awake": ep.get("keep_awake", True)}
 
 
 def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None, dict[str, Any]]:
@@ -197,13 +199,15 @@ def _plan_points(cfg: Mapping[str, Any], rt: Runtime, configs: Sequence[MoEConfi
     return points
 
 
-def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile") -> tuple[Any, str]:
-    """The all-to-all model: ``ep.collectives=profile`` the collective profile (measured first
-    when missing and measuring, ~1 min at W=2); ``in_run`` (or no collectives package) None,
-    and the run fits a latency-bandwidth model to a grid timed in its own launch."""
+def _collectives(rt: Runtime, W: int, measuring: bool, source: str = "profile",
+                 keep_awake: bool = True) -> tuple[Any, str]:
+    """The all-to-all model: ``ep.collectives=profile`` the collective profile of the ranks'
+    core state (``ep.keep_awake``; measured first when missing and measuring, ~1 min at W=2);
+    ``in_run`` (or no collectives package) None, and the run fits a latency-bandwidth model to a
+    grid timed in its own launch."""
     if source == "in_run" and measuring:
         return None, "ep.collectives=in_run: a latency-bandwidth all-to-all fitted to a grid timed in this launch"
-    cm, how = collective_model_for(W, BACKEND, rt.profile_root, measure_if_missing=measuring)
+    cm, how = collective_model_for(W, BACKEND, rt.profile_root, measure_if_missing=measuring, keep_awake=keep_awake)
     if cm is not None:
         return cm, how
     if measuring:
@@ -244,7 +248,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     distinct = list({s.key(): s for t in traces for s in t}.values())
     model = calibrated_model(rt, suite, suite_name="moe", progress=progress, heldout=distinct, **calibration_options(cfg))
     heldout = heldout_for(rt, model, traces, what="moe_ep")
-    cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"])
+    cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"],
+                              keep_awake=ep["keep_awake"])
     console.print(f"all-to-all model: {cm_how}")
     colo, colo_how = rank_colocation(rt, ep["world_size"], ep["colocation"], field="ep.colocation", measuring=True,
                                      what="moe_ep", progress=progress)
@@ -260,7 +265,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                              world_size=ep["world_size"], seed=rt.seed, warmup=ep["warmup"], repeats=ep["repeats"],
                              evict_bytes=evict, a2a_sizes=A2A_GRID if cm is None else (),
                              timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")),
-                             replay=dataclasses.asdict(replay_timing(rt.timing)))
+                             replay=dataclasses.asdict(replay_timing(rt.timing)), keep_awake=ep["keep_awake"])
     console.print(f"ranks: {measured['note']}")
     if cm is None:
         cm = fit_grid(measured["a2a"], ep["world_size"])
@@ -461,9 +466,9 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                   out: Path, ep: Mapping[str, Any]) -> dict[str, Any]:
     W = details["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
-    cm, how = collective_model_for(W, BACKEND, rt.profile_root)
+    cm, how = collective_model_for(W, BACKEND, rt.profile_root, keep_awake=ep["keep_awake"])
     if cm is None:
-        base, base_how = _collectives(rt, 2, measuring=False)
+        base, base_how = _collectives(rt, 2, measuring=False, keep_awake=ep["keep_awake"])
         cm = whatif_from(base, W)
         how = f"{base_how}; latency-bandwidth with its W=2 alpha and beta, extrapolated to W={W}"
     times = cost_model_kernel_times(model)

@@ -19,9 +19,10 @@ several protocols, so the gap between the profile and the layer can be read per 
   (the dispatch phase's two exchanges; the time is both).
 
 Per protocol and size it prints the median, p75, p90, max and mean over the repeats of the slowest
-rank's seconds in the call. Run alone (it measures):
+rank's seconds in the call; ``--keep-awake true`` keeps the ranks' cores from idling while they
+wait (``costmodel.collectives.awake``). Run alone (it measures):
 
-    .venv/bin/python scripts/bench_a2a_protocol.py --repeats 41
+    .venv/bin/python scripts/bench_a2a_protocol.py --repeats 41 [--keep-awake true]
 """
 
 from __future__ import annotations
@@ -96,11 +97,13 @@ def main() -> None:
     ap.add_argument("--lead-ms", type=float, default=0.3, help="GEMM time before the call in evict_lead")
     ap.add_argument("--skew-ms", type=float, default=0.5, help="rank 1's extra GEMM time in evict_lead_skew")
     ap.add_argument("--evict-bytes", type=int, default=128 * 1024 * 1024)
+    ap.add_argument("--keep-awake", choices=["true", "false"], default="false",
+                    help="a SCHED_IDLE spinner per rank core (costmodel.collectives.awake), as the layers are measured")
     args = ap.parse_args()
     if not 3 <= args.repeats <= 1000:
         raise SystemExit(f"--repeats must be in [3, 1000], got {args.repeats}")
     run = run_workers(2, _rank, (args.sizes, args.repeats, args.compute_ms, args.evict_bytes, args.lead_ms, args.skew_ms), timeout_s=900,
-                      placement="require")
+                      placement="require", keep_awake=args.keep_awake == "true")
     res = run.results[0]
     print(f"2 gloo ranks, {run.note}; compute = {res['gemms']} GEMMs 256^3 (~{args.compute_ms} ms)")
     print(f"{'protocol':<18}{'bytes':>10}{'median us':>11}{'p75 us':>9}{'p90 us':>9}{'max us':>9}{'mean us':>9}")

@@ -85,8 +85,12 @@ def bench_collectives(world_size: int, suite_path: str | Path | dict = DEFAULT_S
                       profile_root: str | Path = "profiles", *, backend: str = "gloo",
                       allow_oversubscribe: bool = False, port: int | None = None, timeout_s: float | None = None,
                       progress: bool = True, measure_lock: bool = True,
-                      rank_fn: Callable[..., Any] | None = None) -> BenchResult:
+                      rank_fn: Callable[..., Any] | None = None, keep_awake: bool = True) -> BenchResult:
     """Measure every collective of the suite on ``world_size`` ranks; append to the profile.
+
+    ``keep_awake`` (default): the ranks' cores kept from idling while they wait in a collective
+    (``costmodel.collectives.awake``), as the expert-parallel and partitioned layers are measured;
+    the profile's placement says so (``cores0-1-awake``).
 
     Errors before any process starts: ``world_size`` beyond the cores this process may use
     (unless ``allow_oversubscribe``: then unpinned), a ``port`` in use, a bad suite. A rank
@@ -103,7 +107,7 @@ def bench_collectives(world_size: int, suite_path: str | Path | dict = DEFAULT_S
     suite: CollectiveSuite = load_suite(suite_path, w, backend=backend)
     device = fingerprint(torch.device("cpu"), suite.specs[0].dtype)
     profile = CollectiveProfile.open(profile_root, device, backend=backend, world_size=w,
-                                     placement=placement_name(cores))
+                                     placement=placement_name(cores, keep_awake))
     items = [to_item(s) for s in suite.specs]
     run_id = uuid.uuid4().hex[:12]
     measured_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -120,7 +124,7 @@ def bench_collectives(world_size: int, suite_path: str | Path | dict = DEFAULT_S
         ctx = nullcontext()
     with ctx:
         run = run_workers(w, fn, (items, suite.timing, progress, suite.step), timeout_s=timeout_s or suite.timeout_s,
-                          backend=backend, port=port, placement=placement_policy)
+                          backend=backend, port=port, placement=placement_policy, keep_awake=keep_awake)
     wall = time.monotonic() - start
     rows: list[dict[str, Any]] = []
     for i, spec in enumerate(suite.specs):
@@ -135,4 +139,4 @@ def bench_collectives(world_size: int, suite_path: str | Path | dict = DEFAULT_S
         print(f"collectives: {len(rows)} rows added ({total} in all) in {wall:.1f} s -> "
               f"{profile.path / 'measurements.csv'}", flush=True)
     return BenchResult(path=profile.path, rows_added=len(rows), rows_total=total, wall_s=wall,
-                       placement=placement_name(cores), note=run.note, run_id=run_id)
+                       placement=placement_name(cores, keep_awake), note=run.note, run_id=run_id)

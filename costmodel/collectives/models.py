@@ -421,9 +421,11 @@ def has_protocol(path: str | Path, protocol: str) -> bool:
     return bool((CollectiveProfile.load(path).measurements()["protocol"] == check_protocol(protocol)).any())
 
 
-def find_profile(world_size: int, backend: str, profile_root: str | Path, dtype: str = "float32") -> Path:
+def find_profile(world_size: int, backend: str, profile_root: str | Path, dtype: str = "float32",
+                 keep_awake: bool = True) -> Path:
     """This host's collective profile folder for (backend, W): the pinned placement this host
-    gives W ranks if measured, else the only other placement measured; else the error."""
+    gives W ranks (cores kept awake or not, ``keep_awake``) if measured, else the only other
+    placement measured in the same state; else the error."""
     import torch
 
     from costmodel.collectives.store import placement_name
@@ -432,22 +434,24 @@ def find_profile(world_size: int, backend: str, profile_root: str | Path, dtype:
 
     device = fingerprint(torch.device("cpu"), dtype)
     cores, _ = pick_cores(world_size)
-    want = folder_for(profile_root, device, backend=backend, world_size=world_size, placement=placement_name(cores))
+    want = folder_for(profile_root, device, backend=backend, world_size=world_size,
+                      placement=placement_name(cores, keep_awake))
     if (want / "measurements.csv").is_file():
         return want
-    others = sorted(p.parent for p in want.parent.glob(f"{backend}-w{world_size}-*/measurements.csv"))
+    others = sorted(p.parent for p in want.parent.glob(f"{backend}-w{world_size}-*/measurements.csv")
+                    if p.parent.name.endswith("-awake") == (keep_awake and cores is not None))
     if len(others) == 1:
         return others[0]
     where = f" (other placements measured: {[p.name for p in others]})" if others else ""
     raise CollectiveProfileError(
         f"no collective profile for world_size={world_size}, backend={backend!r} on this host: {want} is missing"
         f"{where}; measure it with: python -m costmodel.collectives bench world_size={world_size} "
-        f"profile_root={profile_root}")
+        f"profile_root={profile_root}" + ("" if keep_awake else " keep_awake=false"))
 
 
 def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_root: str | Path = "profiles",
                           measure_if_missing: bool = False, *, dtype: str = "float32",
-                          protocol: str = "warm") -> CollectiveModel:
+                          protocol: str = "warm", keep_awake: bool = True) -> CollectiveModel:
     """Fit L2 and L3 from this host's collective profile for (``world_size``, ``backend``),
     on its rows of ``protocol`` (``warm``: calls back to back; ``step``: calls inside a step).
 
@@ -459,7 +463,7 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
     w = check_world_size(world_size)
     check_protocol(protocol)
     try:
-        path = find_profile(w, backend, profile_root, dtype)
+        path = find_profile(w, backend, profile_root, dtype, keep_awake)
         if not has_protocol(path, protocol):
             raise CollectiveProfileError(
                 f"the collective profile {path} holds no rows of the {protocol!r} timing protocol (measured before "
@@ -469,7 +473,7 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
         if not measure_if_missing:
             raise
         from costmodel.collectives.bench import bench_collectives
-        path = bench_collectives(w, profile_root=profile_root, backend=backend).path
+        path = bench_collectives(w, profile_root=profile_root, backend=backend, keep_awake=keep_awake).path
     stat = (Path(path) / "measurements.csv").stat()
     key = (str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size, w, backend, protocol)
     if key not in _FITTED:  # a refit costs seconds (class selection); the file decides when it is stale
@@ -482,14 +486,15 @@ def load_collective_model(world_size: int = 2, backend: str = "gloo", profile_ro
 
 
 def load_step_model(world_size: int, backend: str = "gloo", profile_root: str | Path = "profiles",
-                    *, dtype: str = "float32") -> tuple[CollectiveModel, str]:
+                    *, dtype: str = "float32", keep_awake: bool = True) -> tuple[CollectiveModel, str]:
     """The ``step`` model of the profile, or (a profile measured before the step protocol) its
     ``warm`` model, with a note saying which; measures nothing (a predict-only run's choice).
     ``CollectiveProfileError`` when the profile holds neither."""
     try:
-        return load_collective_model(world_size, backend, profile_root, dtype=dtype, protocol="step"), "step protocol"
+        return (load_collective_model(world_size, backend, profile_root, dtype=dtype, protocol="step",
+                                      keep_awake=keep_awake), "step protocol")
     except CollectiveProfileError:
-        cm = load_collective_model(world_size, backend, profile_root, dtype=dtype, protocol="warm")
+        cm = load_collective_model(world_size, backend, profile_root, dtype=dtype, protocol="warm", keep_awake=keep_awake)
         return cm, "its warm rows (no 'step' rows: measured before that protocol)"
 
 

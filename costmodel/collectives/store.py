@@ -64,8 +64,13 @@ class CollectiveProfileError(RuntimeError):
     """A collective profile that is missing, unreadable, or belongs to another setup."""
 
 
-def placement_name(cores: tuple[int, ...] | None) -> str:
-    return "unpinned" if cores is None else "cores" + "-".join(str(c) for c in cores)
+def placement_name(cores: tuple[int, ...] | None, keep_awake: bool = False) -> str:
+    """``cores0-1`` (rank r on core r), ``cores0-1-awake`` when the cores were kept awake
+    (``costmodel.collectives.awake``: a different machine state, so a different profile), or
+    ``unpinned``."""
+    if cores is None:
+        return "unpinned"
+    return "cores" + "-".join(str(c) for c in cores) + ("-awake" if keep_awake else "")
 
 
 def collective_fingerprint(device: Fingerprint, *, backend: str, world_size: int, placement: str) -> dict[str, Any]:

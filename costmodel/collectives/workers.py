@@ -182,23 +182,41 @@ def _worker(rank: int, world_size: int, port: int, core: int | None, timeout_s: 
         os._exit(0 if outcome[1] else 1)
 
 
-def run_ep(world_size: int, fn: Callable[..., Any], args: Sequence[Any] = (), *, timeout_s: float = 60.0) -> EPRun:
+def run_ep(world_size: int, fn: Callable[..., Any], args: Sequence[Any] = (), *, timeout_s: float = 60.0,
+           keep_awake: bool = False) -> EPRun:
     """``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; results by rank."""
-    return run_workers(world_size, fn, args, timeout_s=timeout_s, world_size_field="ep.world_size")
+    return run_workers(world_size, fn, args, timeout_s=timeout_s, world_size_field="ep.world_size",
+                       keep_awake=keep_awake)
 
 
 def run_workers(world_size: int, fn: Callable[..., Any], args: Sequence[Any] = (), *, timeout_s: float = 60.0,
                 backend: str = "gloo", port: int | None = None, placement: str = "auto",
-                world_size_field: str = "world_size") -> EPRun:
+                world_size_field: str = "world_size", keep_awake: bool = False) -> EPRun:
     """``fn(rank, world_size, *args)`` on ``world_size`` processes joined by ``backend`` over
     127.0.0.1 (``port``: a free one when None, else checked free); ranks placed on cores by
-    ``placement`` (``place_ranks``). Every argument is checked before a process starts."""
+    ``placement`` (``place_ranks``); with ``keep_awake`` (pinned ranks only) a lowest-priority
+    spinner per rank core keeps a rank blocked in a collective from parking its core
+    (``costmodel.collectives.awake``). Every argument is checked before a process starts."""
     _check_args(world_size, fn, timeout_s, world_size_field)
     if backend not in BACKENDS:
         raise WorkerSetupError(f"backend must be one of {list(BACKENDS)} for this host launcher, got {backend!r}")
+    if not isinstance(keep_awake, bool):
+        raise WorkerSetupError(f"keep_awake must be true or false, got {keep_awake!r}")
     port = free_port() if port is None else check_port(port)
     cores, note = place_ranks(world_size, placement)
     log.info("run_workers: world_size=%d, backend=%s, %s", world_size, backend, note)
+    if keep_awake:
+        from costmodel.collectives.awake import keep_cores_awake  # noqa: PLC0415
+
+        with keep_cores_awake(cores, float(timeout_s) + 2 * _JOIN_S) as awake:
+            run = _launch(world_size, fn, args, timeout_s, backend, port, cores, note)
+        return EPRun(results=run.results, cores=run.cores, note=f"{run.note}; {awake}")
+    return _launch(world_size, fn, args, timeout_s, backend, port, cores, note)
+
+
+def _launch(world_size: int, fn: Callable[..., Any], args: Sequence[Any], timeout_s: float, backend: str, port: int,
+            cores: tuple[int, ...] | None, note: str) -> EPRun:
+    """Start the ranks, collect their results (``run_workers``); every process ends before it returns."""
     ctx = mp.get_context("spawn")
     results_q = ctx.Queue()
     deadline = time.monotonic() + timeout_s

@@ -147,24 +147,26 @@ def load_fallback(folder: Path, world_size: int, backend: str) -> LatencyBandwid
 
 
 def collective_model_for(world_size: int, backend: str, profile_root: str | Path, *,
-                         measure_if_missing: bool = False, protocol: str = "step") -> tuple[Any | None, str]:
+                         measure_if_missing: bool = False, protocol: str = "step",
+                         keep_awake: bool = True) -> tuple[Any | None, str]:
     """(the profiled collective model, how it was found) or (None, why not):
     ``costmodel.collectives.load_collective_model`` on the rows of ``protocol`` (``step``: calls
     timed as a step makes them, the default for a layer's step; with ``measure_if_missing``, its
     default suite is measured first where the profile or its ``protocol`` rows are missing;
     without, a profile measured before the step protocol answers with its ``warm`` rows, and
-    ``how`` says so)."""
+    ``how`` says so). ``keep_awake``: the profile of ranks whose cores were kept awake
+    (``costmodel.collectives.awake``), as the layers are measured by default."""
     try:
         from costmodel.collectives import CollectiveProfileError, load_collective_model, load_step_model  # noqa: PLC0415
     except ImportError as err:
         return None, f"costmodel.collectives has no collective model ({err})"
-    where = f"collective profile {backend} W={world_size} (costmodel.collectives)"
+    where = f"collective profile {backend} W={world_size}{', cores kept awake' if keep_awake else ''} (costmodel.collectives)"
     try:
         if protocol == "step" and not measure_if_missing:
-            cm, how = load_step_model(world_size, backend, str(profile_root))
+            cm, how = load_step_model(world_size, backend, str(profile_root), keep_awake=keep_awake)
             return cm, f"{where}, {how}"
         cm = load_collective_model(world_size=world_size, backend=backend, profile_root=str(profile_root),
-                                   measure_if_missing=measure_if_missing, protocol=protocol)
+                                   measure_if_missing=measure_if_missing, protocol=protocol, keep_awake=keep_awake)
     except CollectiveProfileError as err:
         return None, f"no collective profile for {backend} W={world_size}: {err}"
     return cm, f"{where}, {protocol} protocol"

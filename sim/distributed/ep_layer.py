@@ -300,8 +300,9 @@ def time_rank_kernels(cfg: MoEConfig, plan: EPPlan, rank: int, timing: Mapping[s
 def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, warmup: int = 2,
                   repeats: int = 10, evict_bytes: int = 0, a2a_sizes: Sequence[int] = (),
                   timeout_s: float = 600.0, allocator: str = "steady",
-                  replay: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Every case timed on ``world_size`` gloo processes in one launch: per case the
+                  replay: Mapping[str, Any] | None = None, keep_awake: bool = False) -> dict[str, Any]:
+    """Every case timed on ``world_size`` gloo processes in one launch (``keep_awake``: the
+    ranks' cores kept from idling in a collective, ``costmodel.collectives.awake``): per case the
     slowest-rank step ``Measurement`` and each rank's [repeats, segments] phase seconds
     (and, with ``replay``, each rank's ``kernel_s``: ``ep_phase_worker``);
     ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first."""
@@ -312,7 +313,7 @@ def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed
     run = run_ep(world_size, ep_phase_worker,
                  (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator,
                   None if replay is None else dict(replay)),
-                 timeout_s=timeout_s)
+                 timeout_s=timeout_s, keep_awake=keep_awake)
     per_case = [{"step": run.results[0]["cases"][i]["step"],
                  "phase_s": [r["cases"][i]["phase_s"] for r in run.results],
                  **({"kernel_s": [r["cases"][i]["kernel_s"] for r in run.results]} if replay is not None else {})}

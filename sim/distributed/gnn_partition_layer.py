@@ -184,11 +184,12 @@ def partition_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nd
 
 def run_partition_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, repeats: int = 0,
                           warmup: int = 1, rounds: int = 1, cold: bool = True, allocator: str = "steady",
-                          timeout_s: float = 120.0) -> dict[str, Any]:
+                          timeout_s: float = 120.0, keep_awake: bool = False) -> dict[str, Any]:
     """The partitioned layer on ``world_size`` gloo processes for each (config, plan, edge
     index) case, in one launch: full [N, F_out] outputs per case (each rank's rows put back
     at its nodes' ids), per case and round each rank's phase times and the step
-    ``Measurement``, and the launcher's pinning note."""
+    ``Measurement``, and the launcher's pinning note. ``keep_awake``: the ranks' cores kept
+    from idling in a collective (``costmodel.collectives.awake``)."""
     for i, (cfg, plan, _) in enumerate(cases):
         if x.shape != (cfg.num_nodes, cfg.in_features):
             raise ValueError(f"case {i}: x must be [gnn.num_nodes={cfg.num_nodes}, gnn.in_features="
@@ -197,7 +198,7 @@ def run_partition_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: i
     if repeats:
         _check_repeats(warmup, repeats)
     run = run_ep(world_size, partition_worker, (list(cases), x, seed, repeats, warmup, rounds, cold, allocator),
-                 timeout_s=timeout_s)
+                 timeout_s=timeout_s, keep_awake=keep_awake)
     outputs = []
     for i, (cfg, plan, _) in enumerate(cases):
         full = np.zeros((cfg.num_nodes, cfg.out_features), dtype=run.results[0]["outputs"][i].dtype)

@@ -252,6 +252,21 @@ def test_a_model_loads_from_the_measured_profile(measured):
     assert set(report["protocol"]) == {"warm", "step"}
 
 
+def test_cores_kept_awake_and_parked_cores_are_different_profiles(measured):
+    """The default bench keeps the ranks' cores awake and says so in its placement; a model of
+    parked cores is never fitted on those rows: it asks for its own bench."""
+    from costmodel.collectives.store import placement_name
+
+    assert placement_name((0, 1), keep_awake=True) == "cores0-1-awake"
+    assert placement_name((0, 1)) == "cores0-1" and placement_name(None, keep_awake=True) == "unpinned"
+    if measured["first"].placement == "unpinned":
+        pytest.skip("one core: the ranks were not pinned, so no core was kept awake")
+    assert measured["first"].placement.endswith("-awake")
+    assert "kept awake: one SCHED_IDLE spinner per rank core" in measured["first"].note
+    with pytest.raises(CollectiveProfileError, match="keep_awake=false"):
+        load_collective_model(world_size=2, backend="gloo", profile_root=measured["root"], keep_awake=False)
+
+
 def test_a_profile_from_before_the_step_protocol_reads_as_warm_and_asks_for_a_bench(measured, tmp_path):
     """A measurements.csv without the protocol and mean columns: its rows are warm rows; the
     step model is refused with the command that measures it, never fitted on warm rows."""

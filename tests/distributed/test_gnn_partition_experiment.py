@@ -106,6 +106,7 @@ def test_predict_only_what_if_at_a_larger_world_size_says_it_extrapolates(tiny_r
     (["gnn.in_features=0"], "gnn.in_features must be a positive integer (>= 1), got 0"),
     (["gnn.out_features=-2"], "gnn.out_features must be a positive integer (>= 1), got -2"),
     (["partition.repeats=2"], "partition.repeats must be an integer in [3, 200], got 2"),
+    (["partition.keep_awake=2"], "partition.keep_awake must be one of [True, False], got 2"),
     (["partition.collective_suite=huge"], "partition.collective_suite must be one of ['full', 'quick'], got 'huge'"),
     (["partition.colocation=sometimes"], "partition.colocation must be one of ['measure', 'profile', 'off'], "
                                          "got 'sometimes'"),

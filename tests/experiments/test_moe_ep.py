@@ -35,6 +35,7 @@ def _cfg(profile_root: Path, *extra: str):
      "ep.placements[0]: placement.slot_expert must hold every expert in [0, moe.num_experts=4) at least once, missing [3]"),
     (["ep.repeats=2"], "ep.repeats must be an integer in [3, 200], got 2"),
     (["ep.whatif_world_size=9"], "ep.whatif_world_size must be an integer in [2, 4], got 9"),
+    (["ep.keep_awake=sometimes"], "ep.keep_awake must be one of [True, False], got 'sometimes'"),
 ])
 def test_bad_input_names_the_field_and_range_before_measuring(tmp_path, overrides, message):
     module = importlib.import_module("experiments.moe_ep")
