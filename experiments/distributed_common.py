@@ -21,11 +21,26 @@ from experiments.common import console, plt, print_summary
 GAIN_LEVELS = ("L0", "L2", "L3")
 
 
+#: a predicted gain counts as right within this many points of the measured one (issue 27's target)
+GAIN_TOLERANCE = 0.05
+
+
+def round_columns(round_medians_s: Sequence[float]) -> dict[str, float]:
+    """``measured_round{k}_s``: each measurement round's median step, for ``variant_gains``' noise."""
+    return {f"measured_round{k}_s": float(m) for k, m in enumerate(round_medians_s)}
+
+
 def variant_gains(df: pd.DataFrame, column: str, variant: str, baseline: str,
                   levels: Sequence[str] = GAIN_LEVELS) -> list[dict[str, Any]]:
     """Per point and backend, the gain 1 - step(variant) / step(baseline) of ``df``'s rows whose
     ``column`` names them: measured (where ``measured_s`` is there), predicted per level (where
-    the baseline's prediction is positive), and whether the L3 gain has the measured one's sign."""
+    the baseline's prediction is positive), and whether the L3 gain has the measured one's sign.
+
+    With the rounds' medians (``measured_round{k}_s``, two or more), the measured gain's noise:
+    ``measured_gain_se``, the standard error of the per-round gains 1 - round(variant) /
+    round(baseline) (their standard deviation over sqrt(rounds): the rounds sample the machine's
+    spells, which the repeats inside one round do not), and whether L3 is within
+    ``GAIN_TOLERANCE`` of the measured gain, and within max(``GAIN_TOLERANCE``, 2 se)."""
     out = []
     for (point, backend), g in df.groupby(["point", "backend"], sort=True):
         by = {r[column]: r for _, r in g.iterrows()}
@@ -35,12 +50,48 @@ def variant_gains(df: pd.DataFrame, column: str, variant: str, baseline: str,
         gain: dict[str, Any] = {"point": int(point), "value": va["value"], "backend": backend}
         if "measured_s" in va and pd.notna(va["measured_s"]):
             gain["measured_gain"] = 1 - va["measured_s"] / ba["measured_s"]
+            rounds = sorted(c for c in va.index if c.startswith("measured_round") and pd.notna(va[c])
+                            and c in ba.index and pd.notna(ba[c]))
+            if len(rounds) >= 2:
+                per_round = [1 - va[c] / ba[c] for c in rounds]
+                gain["measured_gain_rounds"] = per_round
+                gain["measured_gain_se"] = float(np.std(per_round, ddof=1) / np.sqrt(len(per_round)))
         gain.update({f"predicted_gain_{lv}": 1 - va[f"pred_{lv}_s"] / ba[f"pred_{lv}_s"]
                      for lv in levels if f"pred_{lv}_s" in ba and ba[f"pred_{lv}_s"] > 0})
         if "measured_gain" in gain and "predicted_gain_L3" in gain:
+            off = abs(gain["predicted_gain_L3"] - gain["measured_gain"])
             gain["sign_agrees_L3"] = bool(np.sign(gain["measured_gain"]) == np.sign(gain["predicted_gain_L3"]))
+            gain["within_tolerance_L3"] = bool(off <= GAIN_TOLERANCE)
+            if "measured_gain_se" in gain:
+                gain["within_noise_L3"] = bool(off <= max(GAIN_TOLERANCE, 2 * gain["measured_gain_se"]))
         out.append(gain)
     return out
+
+
+def gain_summary(gains: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many predicted L3 gains are within ``GAIN_TOLERANCE`` of the measured ones, within their
+    noise (max of the tolerance and 2 se), of the right sign; the median measured noise (2 se)."""
+    scored = [g for g in gains if "within_tolerance_L3" in g]
+    noisy = [g for g in scored if "within_noise_L3" in g]
+    out: dict[str, Any] = {"points": len(scored), "tolerance": GAIN_TOLERANCE,
+                           "within_tolerance_L3": sum(g["within_tolerance_L3"] for g in scored),
+                           "sign_agrees_L3": sum(g["sign_agrees_L3"] for g in scored)}
+    if noisy:
+        out["within_noise_L3"] = sum(g["within_noise_L3"] for g in noisy)
+        out["median_two_se"] = float(np.median([2 * g["measured_gain_se"] for g in noisy]))
+    return out
+
+
+def print_gain_summary(summ: Mapping[str, Any], what: str) -> None:
+    if not summ.get("points"):
+        return
+    line = (f"{what}: L3 within {summ['tolerance'] * 100:.0f} points of the measured gain at {summ['within_tolerance_L3']} "
+            f"of {summ['points']} points, same sign at {summ['sign_agrees_L3']}")
+    if "within_noise_L3" in summ:
+        line += (f"; the measured gains' noise (2 standard errors over the rounds) is {summ['median_two_se'] * 100:.1f} "
+                 f"points at the median, and L3 is within max({summ['tolerance'] * 100:.0f} points, that noise) at "
+                 f"{summ['within_noise_L3']} of {summ['points']}")
+    console.print(line)
 
 
 def straggler_summary(df: pd.DataFrame, rule: str) -> dict[str, Any]:

@@ -49,7 +49,8 @@ from experiments.common import (  # noqa: E402
 )
 from experiments.distributed_common import (  # noqa: E402
     colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
-    print_straggler_and_summary, rank_colocation, straggler_summary, timeline_grid, usable_cores, variant_gains,
+    gain_summary, print_gain_summary, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
+    timeline_grid, usable_cores, variant_gains,
 )
 from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
@@ -328,7 +329,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                      "rounds": part["rounds"], "freshness": dict(getattr(model, "freshness", {}) or {})})
     gains = variant_gains(df, "partitioner", "metis", "random")
     details["partition"] = {
-        "points": per_point, "metis_gain_over_random": gains, "straggler": straggler_summary(df, STRAGGLER_RULE),
+        "points": per_point, "metis_gain_over_random": gains, "metis_gain_summary": gain_summary(gains),
+        "straggler": straggler_summary(df, STRAGGLER_RULE),
         "wait_rule": "the halo all-to-all starts on every rank at the latest send end "
                      "(sim/distributed/gnn_partition_predict.py)",
         "levels": "kernels at L0-L3 (CostModel); the halo at the collective model's level of the same name, its first "
@@ -345,9 +347,12 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                      "ape_L3_pct": ".1f", "straggler_pred": "", "straggler_measured": "", "straggler_clear": ""},
                 title=f"partitioned GNN step on {W} ranks vs graph {param} (ms; held out)")
     if gains:
-        print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f",
-                                          "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"},
+        frame = pd.DataFrame(gains)
+        print_table(frame, {c: f for c, f in {"value": "", "backend": "", "measured_gain": ".2f", "measured_gain_se": ".2f",
+                                              "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"}.items()
+                            if c in frame},
                     title="METIS over random: 1 - step(metis) / step(random)")
+        print_gain_summary(details["partition"]["metis_gain_summary"], "METIS's gain over random")
     return print_straggler_and_summary(details["partition"]["straggler"], summ, out)
 
 
@@ -392,6 +397,7 @@ def _score_point(pt: Mapping[str, Any], held: dict[str, PredictedStep], lookup: 
            "halo_bytes": float(plan.halo_send_bytes.sum()),
            "measured_s": float(np.median(steps)), "measured_iqr_s": float(q3 - q1),
            "round_cv": float(np.std(round_medians, ddof=1) / np.mean(round_medians)) if len(round_medians) > 1 else 0.0,
+           **round_columns(round_medians),
            "noisy": bool(any(rd[0]["step"].noisy for rd in timed)),
            **{f"pred_{lv}_s": held[lv].step_s for lv in LEVELS},
            **{f"pred_lookup_{lv}_s": lookup[lv].step_s for lv in LEVELS},

@@ -58,7 +58,8 @@ from experiments.common import (  # noqa: E402
 )
 from experiments.distributed_common import (  # noqa: E402
     colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
-    print_straggler_and_summary, rank_colocation, straggler_summary, timeline_grid, usable_cores, variant_gains,
+    gain_summary, print_gain_summary, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
+    timeline_grid, usable_cores, variant_gains,
 )
 from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
@@ -99,6 +100,7 @@ CONSTRAINTS: dict[str, Any] = {
     "ep.capacity_factor": [Interval(float, 0, None, closed="neither", words="a number > 0 (such as 1.25)"), None],
     "ep.warmup": Interval(int, 0, 50),
     "ep.repeats": Interval(int, 3, MAX_REPEATS),
+    "ep.rounds": Interval(int, 1, 20),
     "ep.timeout_s": Interval(int, 10, 3600),
     "ep.collectives": Options(list(COLLECTIVE_SOURCES)),
     "ep.colocation": Rule(colocation_ok, colocation_words),
@@ -157,7 +159,8 @@ def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[s
     capacity = ep.get("capacity_factor")
     return {"world_size": ranks, "placements": placements,
             "capacity_factor": None if capacity is None else float(capacity),
-            "warmup": ep.get("warmup", 2), "repeats": ep.get("repeats", 15), "timeout_s": ep.get("timeout_s", 600),
+            "warmup": ep.get("warmup", 2), "repeats": ep.get("repeats", 6), "rounds": ep.get("rounds", 3),
+            "timeout_s": ep.get("timeout_s", 600),
             "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "profile"),
             "keep_awake": ep.get("keep_awake", True)}
 
@@ -259,10 +262,11 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
 
     x = torch.randn(configs[0].tokens, configs[0].d_model, generator=torch.Generator().manual_seed(rt.seed)).numpy()
     evict = int(rt.timing.cpu_evict_bytes) if rt.timing.cold_cache else 0
-    console.print(f"timing {len(points)} EP steps on {ep['world_size']} gloo processes ({ep['warmup']} warm-up + "
-                  f"{ep['repeats']} repeats each{', caches evicted before each step' if evict else ''})")
+    console.print(f"timing {len(points)} EP steps on {ep['world_size']} gloo processes: {ep['rounds']} rounds x "
+                  f"({ep['warmup']} warm-up + {ep['repeats']} repeats) each{', caches evicted before each step' if evict else ''}")
     measured = run_ep_phases([(pt["cfg"], pt["plan"], pt["routing"]) for pt in points], x,
                              world_size=ep["world_size"], seed=rt.seed, warmup=ep["warmup"], repeats=ep["repeats"],
+                             rounds=ep["rounds"],
                              evict_bytes=evict, a2a_sizes=A2A_GRID if cm is None else (),
                              timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")),
                              replay=dataclasses.asdict(replay_timing(rt.timing)), keep_awake=ep["keep_awake"])
@@ -316,9 +320,10 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                                          for r in range(ep["world_size"])},
     }
     df.attrs.update({"scoring": "held-out", "heldout": heldout.to_dict(), "profile_lookup": ape_summary(lookup_df),
-                     "rounds": 3, "freshness": dict(getattr(model, "freshness", {}) or {})})
+                     "rounds": ep["rounds"], "freshness": dict(getattr(model, "freshness", {}) or {})})
     gains = variant_gains(df, "placement", "load_aware", "contiguous")
-    details["ep"] = {"points": per_point, "placement_gains": gains, "straggler": straggler_summary(df, STRAGGLER_RULE),
+    details["ep"] = {"points": per_point, "placement_gains": gains, "placement_gain_summary": gain_summary(gains),
+                     "straggler": straggler_summary(df, STRAGGLER_RULE),
                      "wait_rule": "bulk-synchronous: an all-to-all ends on rank r at max over ranks of the entry "
                                   "time + rank r's collective seconds (sim/distributed/ep_predict.py)"}
     summ = summary("moe_ep", rt.fingerprint.describe(), df, details=details)
@@ -333,9 +338,12 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                      "skew_share_L3": ".2f"},
                 title=f"EP MoE step on {ep['world_size']} ranks vs {cfg['routing']['sweep']['param']} (ms; held out)")
     if gains:
-        print_table(pd.DataFrame(gains), {"value": "", "backend": "", "measured_gain": ".2f", "predicted_gain_L3": ".2f",
-                                          "predicted_gain_L2": ".2f"},
+        frame = pd.DataFrame(gains)
+        print_table(frame, {c: f for c, f in {"value": "", "backend": "", "measured_gain": ".2f", "measured_gain_se": ".2f",
+                                              "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"}.items()
+                            if c in frame},
                     title="load_aware over contiguous: 1 - step(load_aware) / step(contiguous)")
+        print_gain_summary(details["ep"]["placement_gain_summary"], "load_aware's gain over contiguous")
     rr = details["replay"]
     console.print(f"rank replay (kernels timed inside the ranks, composed: a composition check): L3 median "
                   f"{rr['median_ape_pct']['L3']:.1f}%, p90 {rr['p90_ape_pct']['L3']:.1f}%; in-rank kernels / profile: "
@@ -363,8 +371,7 @@ def _measured_timeline(phase_s: np.ndarray, segments: Sequence[str]) -> dict[str
 def _score_point(pt: Mapping[str, Any], held: EPStepPrediction, lookup: EPStepPrediction, meas: Mapping[str, Any],
                  segments: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     step = meas["step"]
-    times = np.asarray(step.times_s)
-    chunks = [np.median(c) for c in np.array_split(times, 3) if len(c)]
+    rounds = list(meas.get("round_medians_s") or [])
     ranks = [_measured_timeline(p, list(segments)) for p in meas["phase_s"]]
     compute = [r["compute_s"] for r in ranks]
     noise = math.sqrt(sum(r["compute_iqr_s"] ** 2 for r in ranks))
@@ -375,7 +382,8 @@ def _score_point(pt: Mapping[str, Any], held: EPStepPrediction, lookup: EPStepPr
            "slots": plan.placement.num_slots, "dropped": plan.dropped,
            "offrank_bytes": float(plan.actual.send_bytes.sum()),
            "measured_s": float(step.median_s), "measured_iqr_s": float(step.iqr_s),
-           "round_cv": float(np.std(chunks, ddof=1) / np.mean(chunks)) if len(chunks) > 1 else 0.0,
+           "round_cv": float(np.std(rounds, ddof=1) / np.mean(rounds)) if len(rounds) > 1 else 0.0,
+           **round_columns(rounds),
            "noisy": bool(step.noisy),
            **{f"pred_{lv}_s": held.step_s(lv) for lv in LEVELS},
            **{f"pred_lookup_{lv}_s": lookup.step_s(lv) for lv in LEVELS},

@@ -237,16 +237,21 @@ MEASURED_SEGMENTS = ("router", "dispatch_prep", "dispatch_a2a", "experts", "comb
 def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
                     warmup: int = 2, repeats: int = 10, evict_bytes: int = 0,
                     a2a_sizes: Sequence[int] = (), allocator: str = "steady",
-                    replay: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One rank: for each case, ``time_step`` of the phase-timed layer and the rank's
-    [repeats, len(MEASURED_SEGMENTS)] segment seconds; with ``evict_bytes`` > 0 a buffer that
-    large is written before every repeat (untimed), so each step starts from cold caches.
-    ``a2a_sizes``: first time uniform all-to-alls of these bytes per peer
+                    replay: Mapping[str, Any] | None = None, rounds: int = 1) -> dict[str, Any]:
+    """One rank: ``rounds`` passes over the cases (alternating order, as the partitioned GNN
+    layer is timed), each timing ``warmup`` + ``repeats`` steps of every case with the
+    phase-timed layer (``time_step``), so a slow spell of a shared machine spreads over the
+    cases instead of landing on one; per case the step ``Measurement`` of all its rounds'
+    repeats, the median of each round, and the rank's [rounds x repeats, len(MEASURED_SEGMENTS)]
+    segment seconds. A case's layer is rebuilt each round from the one seeded reference (its
+    slots' weights sliced again: one case's weights in memory at a time). With ``evict_bytes``
+    > 0 a buffer that large is written before every repeat (untimed), so each step starts from
+    cold caches. ``a2a_sizes``: first time uniform all-to-alls of these bytes per peer
     (``ep_collectives.time_all_to_all_grid``, for a collective model fitted in the same launch).
     ``allocator``: the profile's host allocator mode (``costmodel.measure.allocator``, part of its
     fingerprint), applied first: a spawned rank starts with glibc's default, whose fresh pages
     per large tensor made partitioned GNN layers 2.3x slower than under ``steady``.
-    ``replay`` (a ``TimingConfig``'s fields, or None): after a case's steps, the rank also
+    ``replay`` (a ``TimingConfig``'s fields, or None): after a case's last round, the rank also
     times each distinct kernel of its own phases (``ep_predict.ep_rank_kernels``) with the
     profile's runners, cold operands and timing, all ranks at once as in the step; returned
     per case as ``kernel_s`` {kernel key: median seconds} (rank replay: how fast the rank's
@@ -257,28 +262,55 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
     from costmodel.measure.timing import TimingConfig, evict_caches  # noqa: PLC0415
 
     configure_allocator(allocator)
-
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
+    for i, (_, plan, _) in enumerate(cases):
+        if plan.world_size != world_size:
+            raise ValueError(f"case {i}: plan is for ep.world_size={plan.world_size}, the run has {world_size}")
     evict_cfg = TimingConfig(cpu_evict_bytes=int(evict_bytes)) if evict_bytes else None
     before = (lambda: evict_caches(torch.device("cpu"), evict_cfg)) if evict_cfg is not None else None
     a2a = time_all_to_all_grid(rank, world_size, a2a_sizes) if a2a_sizes else []
     references: dict[MoEConfig, MoELayer] = {}
+    steps: list[list[Any]] = [[] for _ in cases]
+    phases: list[list[np.ndarray]] = [[] for _ in cases]
+    kernel_s: list[dict[str, float] | None] = [None for _ in cases]
+    for r in range(rounds):
+        order = range(len(cases)) if r % 2 == 0 else range(len(cases) - 1, -1, -1)
+        for i in order:
+            cfg, plan, routing = cases[i]
+            if cfg not in references:
+                references.clear()  # one reference's weights at a time
+                references[cfg] = MoELayer(cfg, seed=seed)
+            layer = EPMoELayer(cfg, plan, routing, rank=rank, seed=seed, reference=references[cfg], time_phases=True)
+            lo, hi = (int(b) for b in plan.token_bounds[rank : rank + 2])
+            x_local = torch.from_numpy(np.ascontiguousarray(x[lo:hi])).to(getattr(torch, cfg.dtype))
+            steps[i].append(time_step(lambda: layer(x_local), warmup=warmup, repeats=repeats, before=before))
+            phases[i].append(np.diff(np.asarray(layer.phase_marks[warmup:], dtype=np.float64), axis=1))
+            del layer
+            if replay is not None and r == rounds - 1:
+                kernel_s[i] = time_rank_kernels(cfg, plan, rank, replay)
     out = []
-    for i, (cfg, plan, routing) in enumerate(cases):
-        if plan.world_size != world_size:
-            raise ValueError(f"case {i}: plan is for ep.world_size={plan.world_size}, the run has {world_size}")
-        if cfg not in references:
-            references.clear()  # one reference's weights at a time
-            references[cfg] = MoELayer(cfg, seed=seed)
-        layer = EPMoELayer(cfg, plan, routing, rank=rank, seed=seed, reference=references[cfg], time_phases=True)
-        lo, hi = (int(b) for b in plan.token_bounds[rank : rank + 2])
-        x_local = torch.from_numpy(np.ascontiguousarray(x[lo:hi])).to(getattr(torch, cfg.dtype))
-        step = time_step(lambda: layer(x_local), warmup=warmup, repeats=repeats, before=before)
-        marks = np.asarray(layer.phase_marks[warmup:], dtype=np.float64)
-        out.append({"step": step, "phase_s": np.diff(marks, axis=1)})
-        del layer
+    for i in range(len(cases)):
+        case = {"step": merge_rounds(steps[i]), "round_medians_s": [float(m.median_s) for m in steps[i]],
+                "phase_s": np.concatenate(phases[i])}
         if replay is not None:
-            out[-1]["kernel_s"] = time_rank_kernels(cfg, plan, rank, replay)
+            case["kernel_s"] = kernel_s[i]
+        out.append(case)
     return {"cases": out, "a2a": a2a}
+
+
+MAX_ROUNDS = 20
+
+
+def merge_rounds(rounds: Sequence[Any]) -> Any:
+    """One ``Measurement`` of every repeat of every round (``time_step``'s), noisy if any round was."""
+    from costmodel.measure.timing import Measurement  # noqa: PLC0415
+
+    first = rounds[0]
+    return Measurement(times_s=tuple(t for m in rounds for t in m.times_s), number_per_run=first.number_per_run,
+                       attempts=len(rounds), noisy=any(m.noisy for m in rounds), device=first.device,
+                       threads=first.threads, spec={**dict(first.spec), "rounds": len(rounds),
+                                                    "repeats": sum(len(m.times_s) for m in rounds)})
 
 
 def time_rank_kernels(cfg: MoEConfig, plan: EPPlan, rank: int, timing: Mapping[str, Any]) -> dict[str, float]:
@@ -300,10 +332,12 @@ def time_rank_kernels(cfg: MoEConfig, plan: EPPlan, rank: int, timing: Mapping[s
 def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, warmup: int = 2,
                   repeats: int = 10, evict_bytes: int = 0, a2a_sizes: Sequence[int] = (),
                   timeout_s: float = 600.0, allocator: str = "steady",
-                  replay: Mapping[str, Any] | None = None, keep_awake: bool = False) -> dict[str, Any]:
-    """Every case timed on ``world_size`` gloo processes in one launch (``keep_awake``: the
-    ranks' cores kept from idling in a collective, ``costmodel.collectives.awake``): per case the
-    slowest-rank step ``Measurement`` and each rank's [repeats, segments] phase seconds
+                  replay: Mapping[str, Any] | None = None, keep_awake: bool = False,
+                  rounds: int = 1) -> dict[str, Any]:
+    """Every case timed on ``world_size`` gloo processes in one launch, ``rounds`` passes over the
+    cases (``keep_awake``: the ranks' cores kept from idling in a collective,
+    ``costmodel.collectives.awake``): per case the slowest-rank step ``Measurement`` of all
+    rounds, each round's median, and each rank's [rounds x repeats, segments] phase seconds
     (and, with ``replay``, each rank's ``kernel_s``: ``ep_phase_worker``);
     ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first."""
     for i, (cfg, _, _) in enumerate(cases):
@@ -312,9 +346,10 @@ def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed
                              f"got {list(x.shape)}")
     run = run_ep(world_size, ep_phase_worker,
                  (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator,
-                  None if replay is None else dict(replay)),
+                  None if replay is None else dict(replay), rounds),
                  timeout_s=timeout_s, keep_awake=keep_awake)
     per_case = [{"step": run.results[0]["cases"][i]["step"],
+                 "round_medians_s": run.results[0]["cases"][i]["round_medians_s"],
                  "phase_s": [r["cases"][i]["phase_s"] for r in run.results],
                  **({"kernel_s": [r["cases"][i]["kernel_s"] for r in run.results]} if replay is not None else {})}
                 for i in range(len(cases))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from experiments.distributed_common import straggler_summary, variant_gains
+from experiments.distributed_common import gain_summary, round_columns, straggler_summary, variant_gains
 
 
 def _rows(measured: bool = True) -> pd.DataFrame:
@@ -27,6 +27,26 @@ def test_variant_gain_is_one_minus_the_step_ratio_measured_and_per_level():
     assert gain["predicted_gain_L3"] == pytest.approx(0.5) and gain["predicted_gain_L0"] == pytest.approx(0.0)
     assert "predicted_gain_L2" not in gain  # a baseline predicted at 0 s has no ratio
     assert gain["sign_agrees_L3"] is True
+    assert gain["within_tolerance_L3"] is False and "measured_gain_se" not in gain  # 25 points off; no rounds
+
+
+def test_the_measured_gains_noise_comes_from_its_rounds():
+    """Per-round gains 1 - new/old: 0.25, 0.20, 0.30, standard deviation (ddof 1) 0.05, so se = 0.05 /
+    sqrt(3); L3's 0.5 is 25 points off: outside 5 points and outside 2 se."""
+    df = _rows()
+    for kind, rounds in (("new", [3.0, 3.2, 2.8]), ("old", [4.0, 4.0, 4.0])):
+        for col, v in round_columns(rounds).items():
+            df.loc[(df["point"] == 0) & (df["kind"] == kind), col] = v
+    (gain,) = variant_gains(df, "kind", "new", "old")
+    assert gain["measured_gain_rounds"] == pytest.approx([0.25, 0.2, 0.3])
+    assert gain["measured_gain_se"] == pytest.approx(0.05 / 3 ** 0.5)
+    assert gain["within_tolerance_L3"] is False and gain["within_noise_L3"] is False
+    df.loc[(df["point"] == 0) & (df["kind"] == "new"), "measured_round2_s"] = 0.4  # a wild round: se 0.28
+    (wild,) = variant_gains(df, "kind", "new", "old")
+    assert wild["measured_gain_se"] > 0.125 and wild["within_noise_L3"] is True  # 25 points inside 2 se
+    assert gain_summary([gain, wild]) == {"points": 2, "tolerance": 0.05, "within_tolerance_L3": 0, "sign_agrees_L3": 2,
+                                         "within_noise_L3": 1,
+                                         "median_two_se": pytest.approx(gain["measured_gain_se"] + wild["measured_gain_se"])}
 
 
 def test_predict_only_rows_give_predicted_gains_only():

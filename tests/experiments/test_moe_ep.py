@@ -86,6 +86,10 @@ def test_tiny_run_writes_the_common_schema_and_two_timelines_per_point(tiny_run)
                 assert rank["weighted_sum"]["end_s"] <= p["predicted"][lv]["step_s"] + 1e-15
         assert p["measured"]["step_s"] > 0
     assert {g["value"] for g in details["ep"]["placement_gains"]} == {0.0, 3.0}
+    # two rounds over the cases (conf/tiny/moe_ep.yaml): each round's median, and each gain's noise from them
+    assert table[["measured_round0_s", "measured_round1_s"]].gt(0).all().all() and "measured_round2_s" not in table
+    assert all(len(g["measured_gain_rounds"]) == 2 and g["measured_gain_se"] >= 0 for g in details["ep"]["placement_gains"])
+    assert details["ep"]["placement_gain_summary"]["points"] == 2
     assert details["ep"]["straggler"]["clear_points"] <= 6
     assert (out / "results.csv").stat().st_size > 0
     assert (out / "ep_timelines.png").exists() and (out / "predicted_vs_measured.png").exists()
