@@ -25,6 +25,9 @@ parent's thread pools and locks), each of which:
 The parent waits at most ``timeout_s`` in all, raises ``EPWorkerError`` with the first
 failing rank's traceback, or ``EPTimeoutError`` naming the ranks that did not answer, and
 in every case terminates (then kills) each process it started that is still running.
+With ``keep_awake=True`` the ranks' cores are kept awake while they run (one ``SCHED_IDLE``
+spinner per pinned core, ``costmodel.collectives.awake``), so a rank that waits in a
+collective does not park its core; the spinners end with the launch, however it ends.
 
 ``fn`` must be a module-level function (spawned processes import it by name) and its
 result picklable; return numpy arrays rather than tensors (a tensor sent through a torch
