@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from costmodel.colocation.apply import MODES as COLOCATION_MODES
-from experiments.common import console, plt, print_summary
+from experiments.common import console, plt, print_summary, print_table
 
 GAIN_LEVELS = ("L0", "L2", "L3")
 
@@ -80,6 +80,18 @@ def gain_summary(gains: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out["within_noise_L3"] = sum(g["within_noise_L3"] for g in noisy)
         out["median_two_se"] = float(np.median([2 * g["measured_gain_se"] for g in noisy]))
     return out
+
+
+def print_gains(gains: Sequence[Mapping[str, Any]], summ: Mapping[str, Any], *, title: str, what: str) -> None:
+    """The gains table (measured, its standard error where rounds give one, predicted at L3 and L2)
+    and the line of ``print_gain_summary``; nothing without gains."""
+    if not gains:
+        return
+    frame = pd.DataFrame(gains)
+    columns = {"value": "", "backend": "", "measured_gain": ".2f", "measured_gain_se": ".2f",
+               "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"}
+    print_table(frame, {c: f for c, f in columns.items() if c in frame}, title=title)
+    print_gain_summary(summ, what)
 
 
 def print_gain_summary(summ: Mapping[str, Any], what: str) -> None:

@@ -49,7 +49,7 @@ from experiments.common import (  # noqa: E402
 )
 from experiments.distributed_common import (  # noqa: E402
     colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
-    gain_summary, print_gain_summary, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
+    gain_summary, print_gains, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
     timeline_grid, usable_cores, variant_gains,
 )
 from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
@@ -346,13 +346,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                      "measured_s": "ms", "measured_iqr_s": "ms", "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms",
                      "ape_L3_pct": ".1f", "straggler_pred": "", "straggler_measured": "", "straggler_clear": ""},
                 title=f"partitioned GNN step on {W} ranks vs graph {param} (ms; held out)")
-    if gains:
-        frame = pd.DataFrame(gains)
-        print_table(frame, {c: f for c, f in {"value": "", "backend": "", "measured_gain": ".2f", "measured_gain_se": ".2f",
-                                              "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"}.items()
-                            if c in frame},
-                    title="METIS over random: 1 - step(metis) / step(random)")
-        print_gain_summary(details["partition"]["metis_gain_summary"], "METIS's gain over random")
+    print_gains(gains, details["partition"]["metis_gain_summary"], what="METIS's gain over random",
+                title="METIS over random: 1 - step(metis) / step(random)")
     return print_straggler_and_summary(details["partition"]["straggler"], summ, out)
 
 
@@ -487,8 +482,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                   out: Path, part: Mapping[str, Any]) -> dict[str, Any]:
     W = part["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
-    cm, how = _collectives(rt, W, measuring=False, suite=part["collective_suite"],
-                           keep_awake=part.get("keep_awake", True))
+    cm, how = _collectives(rt, W, measuring=False, suite=part["collective_suite"], keep_awake=part["keep_awake"])
     colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=False,
                                      what="gnn_partition", profile=rt.profile_root / model.fingerprint.id)
     rows, per_point = [], []

@@ -58,7 +58,7 @@ from experiments.common import (  # noqa: E402
 )
 from experiments.distributed_common import (  # noqa: E402
     colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
-    gain_summary, print_gain_summary, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
+    gain_summary, print_gains, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
     timeline_grid, usable_cores, variant_gains,
 )
 from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
@@ -337,13 +337,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                      "ape_L3_pct": ".1f", "straggler_pred": "", "straggler_measured": "", "straggler_clear": "",
                      "skew_share_L3": ".2f"},
                 title=f"EP MoE step on {ep['world_size']} ranks vs {cfg['routing']['sweep']['param']} (ms; held out)")
-    if gains:
-        frame = pd.DataFrame(gains)
-        print_table(frame, {c: f for c, f in {"value": "", "backend": "", "measured_gain": ".2f", "measured_gain_se": ".2f",
-                                              "predicted_gain_L3": ".2f", "predicted_gain_L2": ".2f"}.items()
-                            if c in frame},
-                    title="load_aware over contiguous: 1 - step(load_aware) / step(contiguous)")
-        print_gain_summary(details["ep"]["placement_gain_summary"], "load_aware's gain over contiguous")
+    print_gains(gains, details["ep"]["placement_gain_summary"], what="load_aware's gain over contiguous",
+                title="load_aware over contiguous: 1 - step(load_aware) / step(contiguous)")
     rr = details["replay"]
     console.print(f"rank replay (kernels timed inside the ranks, composed: a composition check): L3 median "
                   f"{rr['median_ape_pct']['L3']:.1f}%, p90 {rr['p90_ape_pct']['L3']:.1f}%; in-rank kernels / profile: "

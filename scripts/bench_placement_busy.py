@@ -161,15 +161,9 @@ def start_hog(processes: int, seconds: float) -> list[subprocess.Popen]:
 
 def stop_hog(procs: Sequence[subprocess.Popen], grace_s: float = 2.0) -> None:
     """Terminate every hog process, kill one that does not end within ``grace_s``."""
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    from costmodel.collectives.awake import stop_spinners
+
+    stop_spinners(procs, grace_s=grace_s)
 
 
 # ----------------------------------------------------------------------------- timing

@@ -75,17 +75,18 @@ def start_spinners(cores: Sequence[int], seconds: float) -> list[subprocess.Pope
     return procs
 
 
-def stop_spinners(procs: Sequence[subprocess.Popen]) -> None:
-    """Terminate, then kill, each spinner still running; every wait is bounded."""
+def stop_spinners(procs: Sequence[subprocess.Popen], grace_s: float = _JOIN_S) -> None:
+    """Terminate, then kill, each process still running (a spinner, or any helper process started
+    with ``subprocess.Popen``); every wait is bounded by ``grace_s``; their pipes are closed."""
     for p in procs:
         if p.poll() is None:
             p.terminate()
     for p in procs:
         try:
-            p.wait(timeout=_JOIN_S)
+            p.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             p.kill()
-            p.wait(timeout=_JOIN_S)
+            p.wait(timeout=grace_s)
         for stream in (p.stdout, p.stderr):
             if stream is not None:
                 stream.close()

@@ -229,6 +229,7 @@ def run_ep_forward(cases: Sequence[Case], x: np.ndarray, *, world_size: int, see
     return {"outputs": outputs, "steps": [r["step"] for r in run.results], "note": run.note}
 
 
+MAX_ROUNDS = 20  # passes over the cases in one launch (ep.rounds)
 #: measured segments of one forward (``phase_marks`` differences): the dispatch phase is
 #: its local prep plus the two all-to-alls (waits included), as ``ep_predict`` predicts it
 MEASURED_SEGMENTS = ("router", "dispatch_prep", "dispatch_a2a", "experts", "combine", "weighted_sum")
@@ -297,9 +298,6 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
             case["kernel_s"] = kernel_s[i]
         out.append(case)
     return {"cases": out, "a2a": a2a}
-
-
-MAX_ROUNDS = 20
 
 
 def merge_rounds(rounds: Sequence[Any]) -> Any:
