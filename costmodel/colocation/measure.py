@@ -304,7 +304,7 @@ def model_check(entry: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for fam, v in entry["families"].items():
         for k in v["kernels"]:
-            own = factors.pressure_of([k["bytes_moved"]], k["alone_median_s"])
+            own = factors.kernel_pressure(k)
             modelled = factors.factor(fam, k["bytes_moved"], pressure=own)
             k["pressure_own"], k["twin_ratio_modelled"] = own, modelled
             rows.append((abs(modelled - k["ratio"]), abs(1.0 - k["ratio"]), abs(k["stream_ratio"] - k["ratio"]),
