@@ -267,6 +267,23 @@ def test_cores_kept_awake_and_parked_cores_are_different_profiles(measured):
         load_collective_model(world_size=2, backend="gloo", profile_root=measured["root"], keep_awake=False)
 
 
+def test_a_profile_of_parked_cores_is_not_read_for_awake_ones(measured, tmp_path):
+    """The reverse: with only a profile of parked cores (``cores0-1``) on disk, asking for awake
+    cores names the missing folder and the bench command; it never fits the parked rows."""
+    import shutil
+
+    if measured["first"].placement == "unpinned":
+        pytest.skip("one core: the ranks were not pinned")
+    root = tmp_path / "profiles"
+    shutil.copytree(measured["root"], root)
+    awake = next(root.rglob("gloo-w2-*-awake"))
+    awake.rename(awake.with_name(awake.name.removesuffix("-awake")))
+    with pytest.raises(CollectiveProfileError, match=re.escape(f"{awake.name} is missing")) as err:
+        load_collective_model(world_size=2, backend="gloo", profile_root=root)
+    assert "python -m costmodel.collectives bench world_size=2" in str(err.value)
+    assert load_collective_model(world_size=2, backend="gloo", profile_root=root, keep_awake=False).world_size == 2
+
+
 def test_a_profile_from_before_the_step_protocol_reads_as_warm_and_asks_for_a_bench(measured, tmp_path):
     """A measurements.csv without the protocol and mean columns: its rows are warm rows; the
     step model is refused with the command that measures it, never fitted on warm rows."""
