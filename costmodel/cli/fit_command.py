@@ -25,7 +25,7 @@ from costmodel.model.models import make_levels
 from costmodel.model.predictor import CostModel, LEVELS, training_table
 from costmodel.store.profile import DeviceProfile
 
-console = make_console(width=140)
+console = make_console(width=170)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -39,6 +39,7 @@ def report_table(report: dict[str, Any], title: str) -> Table:
     for level in LEVELS:
         table.add_column(f"{level} med/p90 APE %", justify="right")
     table.add_column("L3 within 10%", justify="right")
+    table.add_column("L3 pred/meas (p10-p90)", justify="right")
     table.add_column("L3 spearman", justify="right")
     table.add_column("noise floor %", justify="right")
     for family, levels in report.items():
@@ -46,7 +47,9 @@ def report_table(report: dict[str, Any], title: str) -> Table:
         table.add_row(
             family, str(l3["n_test"]),
             *(f"{_fmt(levels[lv]['median_ape_pct'], '.1f')} / {_fmt(levels[lv]['p90_ape_pct'], '.0f')}" for lv in LEVELS),
-            _fmt(l3["within_10pct"], ".0%"), _fmt(l3["spearman"], ".3f"), _fmt(l3.get("noise_floor_median_ape_pct"), ".1f"),
+            _fmt(l3["within_10pct"], ".0%"),
+            f"{_fmt(l3.get('ratio_median'), '.2f')} ({_fmt(l3.get('ratio_p10'), '.2f')}-{_fmt(l3.get('ratio_p90'), '.2f')})",
+            _fmt(l3["spearman"], ".3f"), _fmt(l3.get("noise_floor_median_ape_pct"), ".1f"),
         )
     return table
 

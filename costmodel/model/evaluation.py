@@ -102,13 +102,15 @@ def noise_floor_max_ape_pct(sigma: np.ndarray, quantile: float = 0.5) -> float:
 
 
 def metrics(predicted: np.ndarray, measured: np.ndarray, sigma: np.ndarray | None = None) -> dict[str, Any]:
-    """APE summary and rank correlation; None where undefined (JSON has no NaN). With the
-    measured values' relative noise ``sigma``, also the noise floor of the median APE."""
+    """APE summary, the sign APE hides (predicted / measured: median, 10th and 90th percentile)
+    and rank correlation; None where undefined (JSON has no NaN). With the measured values'
+    relative noise ``sigma``, also the noise floor of the median APE."""
     predicted = np.asarray(predicted, dtype=np.float64)
     measured = np.asarray(measured, dtype=np.float64)
     floor = None if sigma is None or len(measured) == 0 else noise_floor_median_ape_pct(sigma)
     if len(measured) == 0:
         return {"median_ape_pct": None, "p90_ape_pct": None, "max_ape_pct": None, "within_10pct": None,
+                "ratio_median": None, "ratio_p10": None, "ratio_p90": None,
                 "spearman": None, "n_test": 0, "noise_floor_median_ape_pct": floor}
     ape = ape_pct(predicted, measured)
     defined = len(measured) > 2 and np.ptp(predicted) > 0 and np.ptp(measured) > 0
@@ -118,6 +120,8 @@ def metrics(predicted: np.ndarray, measured: np.ndarray, sigma: np.ndarray | Non
         "p90_ape_pct": float(np.percentile(ape, 90)),
         "max_ape_pct": float(np.max(ape)),
         "within_10pct": float(np.mean(ape <= 10.0)),
+        **dict(zip(("ratio_p10", "ratio_median", "ratio_p90"),
+                   (float(q) for q in np.percentile(predicted / measured, [10, 50, 90])))),
         "spearman": None if math.isnan(rho) else float(rho),
         "n_test": int(len(measured)),
         "noise_floor_median_ape_pct": floor,

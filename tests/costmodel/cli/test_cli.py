@@ -52,6 +52,7 @@ def test_fit_reports_every_family_and_level(profile_root):
     assert {"sort", "histogram", "elementwise", "all", "extrapolation"} <= set(report)
     assert set(report["elementwise"]) == {"L0", "L1", "L2", "L3"}
     assert set(report["elementwise"]["L3"]) == {"median_ape_pct", "p90_ape_pct", "max_ape_pct", "within_10pct",
+                                                "ratio_median", "ratio_p10", "ratio_p90",
                                                 "spearman", "n_test", "noise_floor_median_ape_pct"}
     assert (profile_root / "fit_out" / "roofline.png").exists()
 

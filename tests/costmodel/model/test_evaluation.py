@@ -20,6 +20,8 @@ def test_metrics_hand_computed():
     assert m["within_10pct"] == pytest.approx(0.75)
     assert m["spearman"] == pytest.approx(0.9487, abs=1e-4)  # ranks 1,2,3,4 vs 1,2.5,2.5,4
     assert m["n_test"] == 4
+    # predicted / measured 1.05, 0.95, 1.5, 1.0: median 1.025; p10 0.965 and p90 1.365 (linear percentiles)
+    assert (m["ratio_median"], m["ratio_p10"], m["ratio_p90"]) == pytest.approx((1.025, 0.965, 1.365))
     assert metrics(np.array([]), np.array([]))["median_ape_pct"] is None
 
 
