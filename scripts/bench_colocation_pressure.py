@@ -6,7 +6,7 @@ that measurement, alone and beside a twin (two gloo ranks pinned to two cores, t
 running the same loop; alone and beside alternate over ``--rounds``), and compares the measured
 ratio with the profile's factor read two ways: by the kernel's bytes (log2-interpolated), and
 by its own pressure (bytes beyond the private cache per second alone, over the stream
-neighbour's rate; ``ColocationFactors.factor(..., alone_s=)``), the alone seconds being the ones
+neighbour's rate; ``factor_by_own_pressure``), the alone seconds being the ones
 measured here, so only the co-location rule is tested. Run alone (it measures), ~1 minute:
 
     .venv/bin/python scripts/bench_colocation_pressure.py --profile profiles/<threads=1 profile> \\
@@ -19,6 +19,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,26 @@ def _rank(rank: int, world_size: int, loops: list, rounds: int, reps: int) -> li
     return out
 
 
+def factor_by_own_pressure(factors: Any, family: str, bytes_moved: float, alone_s: float) -> float:
+    """The alternative reading tried here (``costmodel.colocation.store`` keeps bytes): the family's
+    measured twin ratios interpolated linearly in each kernel's own pressure
+    (``ColocationFactors.kernel_pressure``; those inside the private cache pooled at 0 by their
+    median; held flat beyond the ends), read at this kernel's ``pressure_of([bytes_moved],
+    alone_s)``. The bytes factor where the stream was not measured or fewer than two pressures were."""
+    if not (isinstance(alone_s, (int, float)) and alone_s >= 0):
+        raise ValueError(f"alone_s must be seconds >= 0, got {alone_s!r}")
+    at: dict[float, list[float]] = {}
+    for k in factors.kernels.get(family, []):
+        p, r = factors.kernel_pressure(k), k.get("ratio")
+        if p is not None and isinstance(r, (int, float)) and r > 0:
+            at.setdefault(round(p, 6), []).append(float(r))
+    if not factors.has_stream or len(at) < 2:
+        return factors.factor(family, bytes_moved)
+    xs = np.array(sorted(at))
+    return float(np.interp(factors.pressure_of([float(bytes_moved)], float(alone_s)), xs,
+                           [float(np.median(at[x])) for x in xs]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", type=Path, required=True, help="a threads=1 device profile folder with colocation.json")
@@ -85,7 +106,8 @@ def main() -> None:
         b = 4.0 * (m * k + k * n + m * n)
         rows.append({"kernel": f"{label} (k={k}, n={n})", "bytes_moved": b, "alone_s": alone, "beside_s": beside,
                      "measured_ratio": beside / alone, "own_pressure": factors.pressure_of([b], alone),
-                     "by_bytes": factors.factor("gemm", b), "by_pressure": factors.factor("gemm", b, alone_s=alone)})
+                     "by_bytes": factors.factor("gemm", b),
+                     "by_pressure": factor_by_own_pressure(factors, "gemm", b, alone)})
     print(f"\nGEMM beside its twin on {run.note}; factors from {factors.source} (measured {factors.measured_at})")
     print(f"{'kernel':36s} {'MB':>6s} {'GB/s':>6s} {'p own':>6s} {'measured':>9s} {'by bytes':>9s} {'by p':>7s}")
     for r in rows:

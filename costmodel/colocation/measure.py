@@ -12,7 +12,7 @@
    sizes, which is where the factor changes; kernels whose profiled median exceeds
    ``max_call_s`` are left out so the run stays bounded, the smallest kept where none is
    under it), and (``stream``) the family's most streaming kernel beyond the private cache
-   (most bytes per profiled second), the top of the own-pressure axis the factors are read on;
+   (most bytes per profiled second), so the curve has a memory-bound point;
 3. launches W gloo processes with the project's launcher (``run_workers``), each pinned
    to its core (``costmodel.colocation.rank``): rank 0 times each kernel alone, while the
    twins run the same kernel back to back, and (``stream``, the default) while the others
@@ -92,8 +92,8 @@ def pick_kernels(profile: Any, *, per_family: int = DEFAULT_PER_FAMILY, max_call
                  private_cache_bytes: float | None = None) -> dict[str, list[tuple[Any, dict[str, Any]]]]:
     """Per family: (descriptor, its profile row) of ``per_family`` kernels spanning its bytes, and
     with ``private_cache_bytes`` the one moving the most bytes per profiled second among those
-    larger than that cache, if not already chosen (the family's most memory-bound kernel: the
-    top of its own-pressure axis, ``ColocationFactors.factor(..., alone_s=)``)."""
+    larger than that cache, if not already chosen (the family's most memory-bound kernel, the
+    high-traffic end of its curve)."""
     if isinstance(per_family, bool) or not isinstance(per_family, int) or not PER_FAMILY[0] <= per_family <= PER_FAMILY[1]:
         raise ColocationError(f"per_family must be an integer in [{PER_FAMILY[0]}, {PER_FAMILY[1]}], got {per_family!r}")
     table, specs = profile._kernels_and_specs()

@@ -23,21 +23,17 @@ Without bytes, or for a family with one measured size, it is the family's median
 family that was not measured gets 1.0, with a warning the first time and a line in
 ``describe()``.
 
-**By the kernel's own traffic** (``.factor(family, bytes_moved, alone_s=t)``, with the stream
-measured): an alternative reading, not the one predictions use. Given the kernel's seconds
-alone, its *own pressure* p = ``pressure_of([bytes_moved], alone_s)`` (0 inside the private
-cache) is the axis instead of bytes: the family's measured ratios interpolated linearly in p
-(kernels inside the private cache pooled at p = 0 by their median; held flat beyond the ends;
-bytes again with fewer than two distinct pressures). A twin is a neighbour of the same
-pressure, so it reads the measured twin ratio at the kernel's traffic. Tried on GEMM loops the
-measurement never saw (``scripts/bench_colocation_pressure.py``, EPYC VM, two runs): median
-|factor - measured ratio| 0.047 and 0.055 by bytes, 0.058 and 0.088 by own pressure (it put an
-EP rank's m=4 expert GEMMs at 1.14x where they measured 1.06-1.08x), so the twin factor stays
-on bytes. What changed is the measurement: besides the kernels spanning its bytes, each
-family's most streaming kernel is measured too (``measure.pick_kernels``). That gave the GEMM
-curve a memory-bound point (a 17 MB GEMV, 1.15x) where it had only a compute-bound 5 MB GEMM
-(1.01x) and a 68 MB one (1.13x), and moved the factor at an expert GEMM's 8.4 MB from 1.03x
-to 1.07x (measured 1.06-1.08x).
+**Bytes, not a kernel's own traffic.** Reading the twin factor at a kernel's own memory traffic
+(its bytes beyond the private cache per second alone, over the stream neighbour's rate) instead
+of its bytes was tried on GEMM loops the measurement never saw
+(``scripts/bench_colocation_pressure.py``, which keeps that reading, EPYC VM, two runs): median
+|factor - measured ratio| 0.047 and 0.055 by bytes, 0.058 and 0.088 by own traffic (it put an
+EP rank's m=4 expert GEMMs at 1.14x where they measured 1.06-1.08x), so the factor stays on
+bytes. What changed is the measurement: besides the kernels spanning its bytes, each family's
+most streaming kernel is measured too (``measure.pick_kernels``). That gave the GEMM curve a
+memory-bound point (a 17 MB GEMV, 1.15x) where it had only a compute-bound 5 MB GEMM (1.01x)
+and a 68 MB one (1.13x), and moved the factor at an expert GEMM's 8.4 MB from 1.03x to 1.07x
+(measured 1.06-1.08x).
 
 **Beside different work** (``.factor(family, bytes_moved, pressure=P)``). A twin runs the same
 kernel; a device of ``experiment=placement`` runs beside *other* work, and what slows a
@@ -138,25 +134,15 @@ class ColocationFactors:
         return cls(factors={f: float(v) for f, v in factors.items()}, placement=dict(placement or {}),
                    measured_at="", source="given")
 
-    def factor(self, family: str, bytes_moved: float | None = None, pressure: float | None = None,
-               alone_s: float | None = None) -> float:
+    def factor(self, family: str, bytes_moved: float | None = None, pressure: float | None = None) -> float:
         """The factor of a ``family`` kernel moving ``bytes_moved`` bytes: beside its twin, its
         measured kernels' ratios interpolated in log2 bytes (held flat beyond them), the family's
-        median without bytes or with one measured size; with ``alone_s`` (the kernel's seconds
-        alone) and the stream measured, interpolated in the kernel's own pressure instead (the
-        alternative reading of the module docstring; predictions pass bytes only); beside a neighbour of ``pressure`` P (``pressure_of``; with the stream
-        measured), 1 + (stream ratio - 1) x P, the stream ratios interpolated by bytes.
-        1.0 (no slow-down) for a family not measured, said once."""
+        median without bytes or with one measured size; beside a neighbour of ``pressure`` P
+        (``pressure_of``; with the stream measured), 1 + (stream ratio - 1) x P, the stream
+        ratios interpolated the same way. 1.0 (no slow-down) for a family not measured, said once."""
         if pressure is not None and not (isinstance(pressure, (int, float)) and 0.0 <= pressure <= 1.0):
             raise ColocationError(f"pressure must be a number in [0, 1], got {pressure!r}")
-        if alone_s is not None and not (isinstance(alone_s, (int, float)) and alone_s >= 0):
-            raise ColocationError(f"alone_s must be seconds >= 0, got {alone_s!r}")
         if family in self.factors:
-            if pressure is None and alone_s is not None and bytes_moved is not None and self.has_stream:
-                by_traffic = self._pressure_curve(family)
-                if by_traffic is not None:
-                    own = self.pressure_of([float(bytes_moved)], float(alone_s))
-                    return float(np.interp(own, *by_traffic))
             key = "stream_ratio" if pressure is not None and self.has_stream else "ratio"
             curve = self._curve(family, key)
             if key == "stream_ratio":
@@ -204,20 +190,6 @@ class ColocationFactors:
         if not (self.has_stream and isinstance(b, (int, float)) and isinstance(t, (int, float)) and b >= 0 and t > 0):
             return None
         return self.pressure_of([float(b)], float(t))
-
-    def _pressure_curve(self, family: str) -> tuple[np.ndarray, np.ndarray] | None:
-        """(own pressure, twin ratio) of the family's measured kernels, ascending; the kernels of
-        equal pressure (those inside the private cache: 0) pooled by their median; None with
-        fewer than two distinct pressures."""
-        at: dict[float, list[float]] = {}
-        for k in self.kernels.get(family, []):
-            p, r = self.kernel_pressure(k), k.get("ratio")
-            if p is not None and isinstance(r, (int, float)) and r > 0:
-                at.setdefault(round(p, 6), []).append(float(r))
-        if len(at) < 2:
-            return None
-        xs = np.array(sorted(at))
-        return xs, np.array([float(np.median(at[x])) for x in xs])
 
     def describe(self) -> str:
         where = self.placement.get("id", "?")
