@@ -3,25 +3,17 @@ kernel's twin factor read at its own memory traffic instead of its bytes."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-from pathlib import Path
 
 import pytest
+from script_loader import loaded_script
 
 from costmodel.colocation import ColocationFactors
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_colocation_pressure.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_colocation_pressure", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    yield from loaded_script("bench_colocation_pressure")
 
 
 def _by_traffic():

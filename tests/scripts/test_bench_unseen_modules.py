@@ -2,28 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from script_loader import loaded_script
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_unseen_modules.py"
 #: smaller than --tiny: the builders' wiring, not their speed
 MOE = dict(tokens=8, hidden=32, intermediate=32, experts=8, top_k=2)
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_unseen_modules", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield from loaded_script("bench_unseen_modules")
 
 
 @pytest.fixture

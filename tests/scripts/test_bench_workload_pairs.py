@@ -3,24 +3,16 @@ option named, before anything is built or timed; every default name is a workloa
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
+from script_loader import loaded_script
 from omegaconf import OmegaConf
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_workload_pairs.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_workload_pairs", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield from loaded_script("bench_workload_pairs")
 
 
 @pytest.mark.parametrize("argv, message", [
