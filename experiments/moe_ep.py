@@ -76,7 +76,7 @@ from sim.distributed.expert_placement import PLACEMENTS, ExpertPlacement  # noqa
 from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E402
 from sim.workloads.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
 from sim.workloads.routing import route  # noqa: E402
-from sim.predict.simulator import cold_call_extra_s  # noqa: E402
+from costmodel.model.cold_start import cold_start_per_kind_s  # noqa: E402
 
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
 MEASURES = "optional"
@@ -281,7 +281,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     details["ranks"] = measured["note"]
 
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
-    per_call_s = cold_call_extra_s(model, "L3")
+    per_kind_s = cold_start_per_kind_s(model, "L3")
     rows, per_point = [], []
     for pt, meas in zip(points, measured["cases"]):
         held = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm, colocation=colo)
@@ -289,7 +289,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         # rank replay: each rank's kernels as timed inside the ranks (beside each other, so no
         # co-location factor on top), composed by the same timeline: a composition check
         replay = predict_ep_step(pt["cfg"], pt["plan"],
-                                 rank_replay_kernel_times(meas["kernel_s"], lookup_times, per_call_s=per_call_s), cm)
+                                 rank_replay_kernel_times(meas["kernel_s"], lookup_times, per_kind_s=per_kind_s), cm)
         row, point = _score_point(pt, held, lookup, meas, MEASURED_SEGMENTS)
         row["pred_replay_L3_s"] = replay.step_s("L3")
         for r, tl in enumerate(replay.timelines["L3"]):

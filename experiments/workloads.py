@@ -24,22 +24,23 @@ from costmodel.measure.timing import TimingConfig
 from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
 from sim.predict.calibration import DriftReference, drift_summary
-from sim.predict.simulator import cold_call_extra_s, per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
+from costmodel.model.cold_start import cold_start_charges_s
+from sim.predict.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 from sim.workloads.workload import Workload
 
 
 def predict_workloads(model: CostModel, workloads: Sequence[Workload],
                       l3_factor: Callable[[str], float] | None = None) -> pd.DataFrame:
     """Every level's prediction of every workload; ``l3_factor`` (family -> factor, the
-    held-out drift of ``sim.predict.heldout_drift``) multiplies each kernel's L3 time, not its
-    cold-call overhead."""
+    held-out drift of ``sim.predict.heldout_drift``) multiplies each kernel's L3 time, not the
+    cold start of its kind (``costmodel.model.cold_start``)."""
     rows = []
     for w in workloads:
         pred = predict_trace(model, w.trace, quiet=True)
         if l3_factor is not None and len(pred):
-            extra = cold_call_extra_s(model, "L3")
+            cold = cold_start_charges_s(model, "L3", w.trace)
             factor = pred["family"].map(l3_factor).to_numpy(dtype=np.float64)
-            pred["L3"] = (pred["L3"] - extra) * factor + extra
+            pred["L3"] = (pred["L3"] - cold) * factor + cold
         rows.append({"label": w.name, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
                      "kernels": len(w.trace), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS}})
     return pd.DataFrame(rows)
@@ -82,7 +83,7 @@ class Pairing:
         if cold_call is not None:
             out.attrs["paired"]["cold_call_overhead_s"] = cold_call
             before = "none" if cold_call["profiled"] is None else f"{1e6 * cold_call['profiled']:.1f} us"
-            console.print(f"cold-call overhead per kernel, timed in the same rounds: {1e6 * cold_call['now']:.1f} us "
+            console.print(f"cold start per kernel kind, timed in the same rounds: {1e6 * cold_call['now']:.1f} us "
                           f"(profiled: {before}; replay uses this run's value); the profile now keeps "
                           f"{1e6 * cold_call['stored']:.1f} us, the median of its recent measurements (held-out "
                           "scoring keeps the value from before the run)")

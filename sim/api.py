@@ -38,6 +38,7 @@ from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.allocator import configure_allocator
 from costmodel.measure.device import check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.measure.timing import Measurement, TimingConfig
+from costmodel.model.cold_start import cold_start_charges_s, cold_start_per_kind_s, first_of_kind
 from costmodel.model.features import roofline_time_s
 from costmodel.model.predictor import CostModel, LEVELS
 from costmodel.store.profile import DeviceProfile
@@ -45,7 +46,7 @@ from sim.capture.dispatch import CapturedTrace, capture_trace, capture_training_
 from sim.workloads.gnn_layer import GNNConfig, GraphPlan, gnn_trace
 from sim.workloads.moe_layer import DispatchPlan, MoEConfig, moe_trace
 from sim.workloads.routing import Routing
-from sim.predict.simulator import cold_call_extra_s, measure_callable, predict_trace
+from sim.predict.simulator import measure_callable, predict_trace
 
 log = logging.getLogger(__name__)
 
@@ -265,8 +266,8 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
         )
     kernels = predict_trace(model, [op.spec for op in mapped], levels, quiet=True)  # type: ignore[misc]
     if l3_factor is not None and "L3" in levels and len(kernels):
-        extra = cold_call_extra_s(model, "L3")
-        kernels["L3"] = (kernels["L3"] - extra) * kernels["family"].map(l3_factor).to_numpy(dtype=np.float64) + extra
+        cold = cold_start_charges_s(model, "L3", [op.spec for op in mapped])  # type: ignore[misc]
+        kernels["L3"] = (kernels["L3"] - cold) * kernels["family"].map(l3_factor).to_numpy(dtype=np.float64) + cold
     kernels.insert(0, "aten_op", [op.aten_op for op in mapped])
     kernels.insert(1, "phase", [op.phase for op in mapped])
     kernels["modelled"] = True
@@ -275,8 +276,8 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
     if fallback:
         bytes_moved = np.array([op.bytes_moved for op in fallback], dtype=np.float64)
         seconds = roofline_time_s(np.zeros_like(bytes_moved), bytes_moved, model.ceilings)
-        if model.fingerprint.cache == "cold":
-            seconds = seconds + float(model.ceilings.get("cold_call_overhead_s", 0.0))
+        # an op no family maps is its own kind: its first call pays the cold start
+        seconds = seconds + cold_start_per_kind_s(model, "L2") * first_of_kind(op.aten_op for op in fallback)
         extra = pd.DataFrame({"aten_op": [op.aten_op for op in fallback], "phase": [op.phase for op in fallback],
                               "family": "roofline_fallback", "kernel": [op.aten_op for op in fallback], "flops": 0.0,
                               **{lv: seconds for lv in levels}, "modelled": False})

@@ -61,6 +61,7 @@ from rich.table import Table  # noqa: E402
 from costmodel.cli.console import literal, make_console  # noqa: E402
 from costmodel.measure.device import Fingerprint  # noqa: E402
 from costmodel.families.descriptor import FLOAT_DTYPES, KernelSpec  # noqa: E402
+from costmodel.model.cold_start import cold_start_per_kind_s, distinct_kinds  # noqa: E402
 from costmodel.model.models import ExtrapolationWarning, counted_in_bytes, kernel_work  # noqa: E402
 from costmodel.store.model_cache import ModelCacheWarning  # noqa: E402
 from costmodel.model.predictor import MIN_ROWS_TO_FIT, CostModel  # noqa: E402
@@ -242,22 +243,13 @@ def efficiency_table(devices: Sequence[Device]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def cold_call_extra_s(model: CostModel, level: str) -> float:
-    """Seconds each kernel of a cold-cache layer pays beyond its profiled time at ``level``:
-    the measured ``cold_call_overhead_s`` at L2 and L3 of a cold profile, else 0 (the rule
-    of ``sim.predict.simulator.predict_trace``; a test holds the two equal)."""
-    if model.fingerprint.cache != "cold" or level not in ("L2", "L3"):
-        return 0.0
-    return float(model.ceilings.get("cold_call_overhead_s", 0.0))
-
-
 def trace_seconds(model: CostModel, trace: Sequence[KernelSpec], level: str) -> float:
     """Predicted seconds of one trace at ``level``: its kernels' predictions summed, plus the
-    cold-call overhead per kernel on a cold-cache profile (``cold_call_extra_s``)."""
+    cold start of each distinct kind on a cold-cache profile (``costmodel.model.cold_start``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)  # a reference layer may lie past the profile
         per_kernel = model.predict(trace, [level])[level].to_numpy(dtype=np.float64)
-    return float(per_kernel.sum() + cold_call_extra_s(model, level) * len(per_kernel))
+    return float(per_kernel.sum() + cold_start_per_kind_s(model, level) * distinct_kinds(trace))
 
 
 def predictions_table(devices: Sequence[Device], workloads_for: WorkloadsFor) -> pd.DataFrame:

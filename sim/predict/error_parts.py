@@ -17,7 +17,7 @@ the traces call each kernel, and their product, held out against timed now, so a
 which kinds its held-out error sits in and whether it is the regression or the machine.
 The regression and drift parts cover the kernels the profile had before the run (a kernel
 it never measured has no profiled seconds; ``profiled_calls`` counts the covered calls).
-Every side leaves out the per-call cold overhead (``ceilings.cold_call_overhead_s``): it
+Every side leaves out the cold start of each kind (``costmodel.model.cold_start``): it
 belongs to composition, and the runners' timings do not pay it.
 """
 
@@ -30,19 +30,13 @@ import numpy as np
 
 from costmodel.families.descriptor import KernelSpec
 from costmodel.model.predictor import CostModel
-from sim.predict.simulator import cold_call_extra_s, predict_trace
+from costmodel.model.cold_start import cold_start_charges_s, kernel_kind
+from sim.predict.simulator import predict_trace
 
 #: kinds below this share of the layers' summed replayed kernel seconds are pooled as "other"
 MIN_KIND_SHARE = 0.01
 #: rounding of the ratios and shares written into summary.json
 DIGITS = 3
-
-
-def kernel_kind(spec: KernelSpec) -> str:
-    """The code path a kernel runs: its family plus the field that picks the aten op
-    (``op``, ``impl`` or ``backend``), e.g. ``elementwise/add``, ``scatter/index_add``."""
-    sub = next((getattr(spec, f) for f in ("op", "impl", "backend") if getattr(spec, f, None)), None)
-    return f"{spec.family}/{sub}" if sub else spec.family
 
 
 def timed_kernels(jobs: Sequence[Any], timings: Sequence[Mapping[str, Any]]) -> dict[KernelSpec, float]:
@@ -75,7 +69,7 @@ def heldout_error_parts(traces: Sequence[Sequence[KernelSpec]], heldout_model: C
     if not timed:
         return {"kinds": {}, "all": None, "untimed_calls": int(untimed)}
     predicted = predict_trace(heldout_model, timed, ["L3"], quiet=True)["L3"].to_numpy(dtype=np.float64)
-    predicted = predicted - cold_call_extra_s(heldout_model, "L3")
+    predicted = predicted - cold_start_charges_s(heldout_model, "L3", timed)
     #: per kind: calls, held-out s, timed s, then over the profiled calls: calls, held-out s, timed s, profiled s
     sums: dict[str, np.ndarray] = {}
     for spec, pred in zip(timed, predicted):

@@ -29,6 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.scope import SCOPE_PREFIX, kernel_scope
 from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
+from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind, cold_start_per_kind_s
 from costmodel.model.features import kernel_table
 from costmodel.model.models import ExtrapolationWarning
 from costmodel.model.predictor import CostModel, LEVELS
@@ -45,9 +46,9 @@ def predict_trace(
 ) -> pd.DataFrame:
     """Per-kernel predictions (seconds), one column per level, plus label and family.
 
-    With a cold-cache profile each kernel of the layer also pays the measured cold-call
-    overhead (``ceilings.cold_call_overhead_s``: code and small tensors out of cache after
-    the eviction a cold layer starts from) at the levels that model overheads (L2, L3);
+    With a cold-cache profile the first kernel of each kind in the layer also pays the
+    measured cold start (``costmodel.model.cold_start``: code and small tensors out of cache
+    after the eviction a cold layer starts from) at the levels that model overheads (L2, L3);
     L0 and L1 are FLOPs-only by definition.
     """
     with warnings.catch_warnings():
@@ -55,19 +56,11 @@ def predict_trace(
             warnings.simplefilter("ignore", ExtrapolationWarning)
         pred = model.predict(trace, levels)
     for lv in levels:
-        pred[lv] += cold_call_extra_s(model, lv)
+        pred[lv] += cold_start_charges_s(model, lv, trace)
     pred.insert(0, "family", [s.family for s in trace])
     pred.insert(1, "kernel", [s.label() for s in trace])
     pred.insert(2, "flops", [s.flops() for s in trace])
     return pred
-
-
-def cold_call_extra_s(model: CostModel, level: str) -> float:
-    """Seconds a kernel of a cold-cache layer pays beyond its profiled time at ``level``
-    (``ceilings.cold_call_overhead_s`` at L2 and L3 of a cold profile; 0 otherwise)."""
-    if model.fingerprint.cache != "cold" or level not in ("L2", "L3"):
-        return 0.0
-    return float(model.ceilings.get("cold_call_overhead_s", 0.0))
 
 
 @dataclass(frozen=True)
@@ -85,6 +78,18 @@ class TraceBatch:
         """The descriptors of trace ``i``, in order (needs ``specs``)."""
         start = int(self.lengths[:i].sum())
         return [self.specs[j] for j in self.flat[start:start + int(self.lengths[i])]]
+
+    def kinds_per_trace(self) -> np.ndarray:
+        """Distinct kernel kinds (``costmodel.model.cold_start.cold_start_kind``) per trace."""
+        n = len(self.lengths)
+        if not len(self.flat):
+            return np.zeros(n, dtype=np.int64)
+        kind_ids: dict[str, int] = {}
+        row_kind = np.fromiter((kind_ids.setdefault(cold_start_kind(s), len(kind_ids)) for s in self.specs),
+                               dtype=np.int64, count=len(self.specs))
+        owner = np.repeat(np.arange(n), self.lengths)
+        pairs = np.unique(owner * len(kind_ids) + row_kind[self.flat])
+        return np.bincount(pairs // len(kind_ids), minlength=n)
 
     def keys(self) -> list[str] | None:
         """Each table row's descriptor key (L3 looks up measured kernels by it)."""
@@ -108,8 +113,8 @@ def predict_traces(
 
     Each distinct descriptor over all traces is featurised and predicted once (one kernel
     table through ``CostModel.predict_table``), then broadcast back and summed per trace
-    with ``np.bincount``; the sums equal ``predict_trace``'s per trace (cold-call overhead
-    included at L2/L3 of a cold profile).
+    with ``np.bincount``; the sums equal ``predict_trace``'s per trace (the cold start of
+    each distinct kind included at L2/L3 of a cold profile).
     """
     batch = traces if isinstance(traces, TraceBatch) else TraceBatch.from_traces(traces)
     n = len(batch.lengths)
@@ -123,9 +128,11 @@ def predict_traces(
         if quiet:
             warnings.simplefilter("ignore", ExtrapolationWarning)
         pred = model.predict_table(batch.table, levels, keys=batch.keys())
+    kinds = batch.kinds_per_trace()
     for lv in levels:
-        per_kernel = pred[lv].to_numpy()[batch.flat] + cold_call_extra_s(model, lv)
-        out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n)
+        per_kernel = pred[lv].to_numpy()[batch.flat]
+        out[f"pred_{lv}_s"] = (np.bincount(owner, weights=per_kernel, minlength=n)
+                               + cold_start_per_kind_s(model, lv) * kinds)
     for col in ("flops", "bytes_moved"):
         out[col] = np.bincount(owner, weights=batch.table[col].to_numpy()[batch.flat], minlength=n)
     return out

@@ -213,23 +213,27 @@ def test_a_colocation_factor_of_two_doubles_the_experts_phase_while_both_ranks_r
     assert beside.meta["colocation"] == {"grouped_gemm": 2.0}
 
 
-def test_rank_replay_sums_each_ranks_own_kernel_seconds_plus_the_per_call_overhead():
+def test_rank_replay_sums_each_ranks_own_kernel_seconds_plus_one_cold_start_per_kind():
+    from costmodel.model.cold_start import cold_start_kind
     from sim.distributed.ep_predict import rank_replay_kernel_times
 
     plan = plan_expert_parallel(CFG, IDS, world_size=2, placement="contiguous")
     kernels = ep_rank_kernels(CFG, plan)
     # rank 0's kernels all take 1 ms, rank 1's 2 ms, as if each rank had timed its own
     per_rank = [{s.key(): 1e-3 * (r + 1) for p in PHASES for s in kernels[r][p]} for r in range(2)]
-    times = rank_replay_kernel_times(per_rank, flops_times, per_call_s=1e-5)
+    times = rank_replay_kernel_times(per_rank, flops_times, per_kind_s=1e-5)
     traces = [kernels[r][p] for r in range(2) for p in PHASES]
     got = times(traces)
     for i, trace in enumerate(traces):
         r = i // len(PHASES)
-        assert got["L3"][i] == pytest.approx(len(trace) * (1e-3 * (r + 1) + 1e-5))
+        kinds = len({cold_start_kind(s) for s in trace})
+        assert got["L3"][i] == pytest.approx(len(trace) * 1e-3 * (r + 1) + kinds * 1e-5)
         assert got["L2"][i] == pytest.approx(flops_times([trace])["L2"][0])  # other levels: the fallback
+    # the experts phase repeats its GEMM kind: one cold start, not one per kernel
+    assert len({cold_start_kind(s) for s in kernels[1]["experts"]}) < len(kernels[1]["experts"])
     # a trace with a kernel its rank did not time falls back at L3 too
     alien = [list(traces[0]) + [GemmSpec(3, 5, 7)]] + traces[1:]
     assert times(alien)["L3"][0] == pytest.approx(flops_times(alien)["L3"][0])
     pred = predict_ep_step(CFG, plan, times, FakeCollectives([1e-6, 2e-6]))
     assert pred.timelines["L3"][1].compute_s["experts"] == pytest.approx(
-        len(kernels[1]["experts"]) * (2e-3 + 1e-5))
+        len(kernels[1]["experts"]) * 2e-3 + len({cold_start_kind(s) for s in kernels[1]["experts"]}) * 1e-5)

@@ -104,16 +104,25 @@ def test_profile_kernels_follow_current_byte_formulas(profile):
     assert row["bytes_moved"] == spec.bytes_moved() == 4 * (8 * 16 + 2 * 16 * 32 + 8 * 32)
 
 
-def test_layer_predictions_add_the_cold_call_overhead_per_kernel(fill_gemms, profile):
-    from sim.predict.simulator import predict_trace
+def test_layer_predictions_add_one_cold_start_per_kind_at_its_first_kernel(fill_gemms, profile):
+    from sim.predict.simulator import predict_trace, predict_traces
 
     fill_gemms(profile, 30)
     profile.write_ceilings({**CEIL, "cold_call_overhead_s": 5e-5})
     model = CostModel.fit_profile(profile, cv_folds=3)
-    trace = [GemmSpec(7, 64, 64), GemmSpec(300, 64, 64)]
+    trace = [GemmSpec(7, 64, 64), GemmSpec(300, 64, 64), GemmSpec(7, 64, 64)]
     in_layer, bare = predict_trace(model, trace), model.predict(trace)
-    assert np.allclose(in_layer["L3"] - bare["L3"], 5e-5) and np.allclose(in_layer["L2"] - bare["L2"], 5e-5)
+    # only the first GEMM starts the kind cold; the others find its code warm
+    assert np.allclose(in_layer["L3"] - bare["L3"], [5e-5, 0.0, 0.0])
+    assert np.allclose(in_layer["L2"] - bare["L2"], [5e-5, 0.0, 0.0])
     assert np.allclose(in_layer["L0"], bare["L0"]) and np.allclose(in_layer["L1"], bare["L1"])
+    # a batch of traces charges each trace its own kinds, as predict_trace does
+    traces = [trace, trace[:2], trace[1:2]]
+    batch = predict_traces(model, traces)
+    for i, t in enumerate(traces):
+        assert batch["pred_L3_s"].iloc[i] == pytest.approx(float(predict_trace(model, t)["L3"].sum()), rel=1e-12)
+    assert (batch["pred_L3_s"] - [float(model.predict(t)["L3"].sum()) for t in traces]).tolist() == \
+        pytest.approx([5e-5, 5e-5, 5e-5])
     warm = replace(model, fingerprint=replace(model.fingerprint, cache="warm"))
     assert np.allclose(predict_trace(warm, trace)["L3"], bare["L3"])
 

@@ -77,7 +77,8 @@ def test_evaluate_workloads_headline_is_heldout_with_lookup_beside(rt, calibrate
                             description="t", progress=False, heldout=held)
     assert df.attrs["scoring"] == "held-out" and df.attrs["heldout"]["excluded_kernels"] == 2
     lookup = calibrated.predict(TRACE)["L3"].sum()
-    assert df["pred_lookup_L3_s"].iloc[0] == pytest.approx(lookup + 3 * calibrated.ceilings.get("cold_call_overhead_s", 0)
+    kinds = 2  # gemm, sort, gemm: the second GEMM starts warm
+    assert df["pred_lookup_L3_s"].iloc[0] == pytest.approx(lookup + kinds * calibrated.ceilings.get("cold_call_overhead_s", 0)
                                                            * (calibrated.fingerprint.cache == "cold"))
     assert df["pred_L3_s"].iloc[0] != pytest.approx(df["pred_lookup_L3_s"].iloc[0], rel=1e-9)
     assert set(df.attrs["profile_lookup"]) >= {"median_ape_pct", "p90_ape_pct", "max_ape_pct"}

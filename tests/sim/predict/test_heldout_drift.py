@@ -1,8 +1,10 @@
 """Held-out drift: reference kernels that are never the experiment's own (nor a near twin of
-one), a per-family factor from them, and a side score of held-out L3 scaled by it (cold-call
-overhead not); the headline stays unscaled."""
+one), a per-family factor from them, and a side score of held-out L3 scaled by it (cold starts
+not); the headline stays unscaled."""
 
 from __future__ import annotations
+
+from costmodel.model.cold_start import cold_start_charges_s
 
 from tiny_budget import TINY_TIMING
 import numpy as np
@@ -87,7 +89,7 @@ def test_heldout_predictions_are_scaled_by_the_references_drift(tiny_runtime, mo
                             description="t", progress=False, heldout=held)
     assert set(timed) == {r.key for r in held.references}  # timed in the rounds, never the trace's kernel
     factor = held.drift.factor("gemm")
-    extra = 2 * (model.ceilings.get("cold_call_overhead_s", 0.0) if model.fingerprint.cache == "cold" else 0.0)
+    extra = float(cold_start_charges_s(model, "L3", trace).sum())
     raw = df["pred_L3_s"].iloc[0]  # the headline: held out, not scaled
     assert df["pred_heldout_drift_L3_s"].iloc[0] == pytest.approx((raw - extra) * factor + extra)
     assert df.attrs["heldout"]["drift"]["references"] == len(held.references)

@@ -1,0 +1,73 @@
+"""What a layer timed from evicted caches pays to start each kind of kernel it runs.
+
+A cold layer (``timing.cold_cache``) starts with its code, dispatcher tables and small
+tensors out of cache. Kernels are profiled with hot code, so each kind of kernel a layer
+runs pays once more: the first call of ``elementwise/mul`` brings its code paths back into
+cache, and the second call finds them there. The charge is the profile's
+``ceilings.cold_call_overhead_s``, measured on a chain of ten small ops of ten different
+kinds after an eviction minus the same chain warm, per op (``costmodel.measure.ceilings``):
+a cost per distinct kind by construction, so it is charged per distinct kind of a trace,
+at the kind's first kernel.
+
+Charged per kernel instead, it grows with the number of calls, not of kinds: so charged,
+OLMoE's block (649 kernels) was predicted 1.38x its measured time,
+Qwen3-MoE's 1.47x, DeepSeek-V3's 1.56x, while blocks of 34-89 kernels sat at 1.03-1.05x
+(``results/cpu_epyc/unseen_modules``, held out, AMD EPYC VM). ``scripts/bench_composition.py``
+measured the same on the ``moe_skew`` layer: its first call of each small kind pays 26-102 us
+over the kind's runner, its later calls do not.
+
+A kind is the code path (``kernel_kind``: the family plus the field that picks the aten op)
+and the dtype. L0 and L1 are FLOPs-only by definition and never pay it; nor does a warm
+profile, nor CUDA (where the chain measures 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+#: levels that model per-call costs (the roofline's per-call overhead and the fitted L3)
+CHARGED_LEVELS = ("L2", "L3")
+
+
+def kernel_kind(spec: Any) -> str:
+    """The code path a kernel runs: its family plus the field that picks the aten op
+    (``op``, ``impl`` or ``backend``), e.g. ``elementwise/add``, ``scatter/index_add``."""
+    sub = next((getattr(spec, f) for f in ("op", "impl", "backend") if getattr(spec, f, None)), None)
+    return f"{spec.family}/{sub}" if sub else spec.family
+
+
+def cold_start_kind(spec: Any) -> str:
+    """What one cold start warms: the kernel's code path and its dtype, e.g. ``gemm/float32``."""
+    return f"{kernel_kind(spec)}/{spec.dtype}"
+
+
+def cold_start_per_kind_s(model: Any, level: str) -> float:
+    """Seconds a cold-cache layer pays at ``level`` for each distinct kind it runs:
+    ``ceilings.cold_call_overhead_s`` at L2 and L3 of a cold profile, else 0."""
+    if model.fingerprint.cache != "cold" or level not in CHARGED_LEVELS:
+        return 0.0
+    return float(model.ceilings.get("cold_call_overhead_s", 0.0))
+
+
+def first_of_kind(kinds: Iterable[str]) -> np.ndarray:
+    """True at the first occurrence of each kind, in order."""
+    seen: set[str] = set()
+    out = []
+    for k in kinds:
+        out.append(k not in seen)
+        seen.add(k)
+    return np.asarray(out, dtype=bool)
+
+
+def cold_start_charges_s(model: Any, level: str, trace: Sequence[Any]) -> np.ndarray:
+    """Per kernel of ``trace``, its cold-start charge at ``level``: the per-kind charge at
+    the first kernel of each kind, 0 at every later one. Summed, the trace's cold start."""
+    per_kind = cold_start_per_kind_s(model, level)
+    return per_kind * first_of_kind(cold_start_kind(s) for s in trace).astype(np.float64)
+
+
+def distinct_kinds(trace: Sequence[Any]) -> int:
+    """How many kinds ``trace`` runs (each pays one cold start in a cold layer)."""
+    return len({cold_start_kind(s) for s in trace})
