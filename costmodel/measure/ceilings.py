@@ -4,12 +4,13 @@
 - memory bandwidth: a large tensor copy, counting bytes read plus bytes written
   (STREAM's "Copy" convention, McCalpin 1995);
 - per-call overhead: the median time of a one-element add (dispatch and launch cost);
-- cold-call overhead (CPU): what each op of a layer timed from evicted caches pays on top,
-  because its code, dispatcher tables and small tensors start out of cache: a chain of ten
-  small, different ops timed after ``evict_caches`` minus the same chain warm, per op
-  (measured here: ~50 us per op, 0.69 vs 0.19 ms for the chain; 14 us on the AMD EPYC VM
-  when its profile was made, 16-34 us there a day later). Kernels are profiled with rotated
-  operands but hot code, so layer predictions add it per kernel (``predict_trace``); paired
+- cold-call overhead (CPU): what each *kind* of op of a layer timed from evicted caches pays
+  on top, because its code, dispatcher tables and small tensors start out of cache: a chain
+  of ten small ops of ten different kinds timed after ``evict_caches`` minus the same chain
+  warm, per op (measured on the Intel VM: ~50 us per op, 0.69 vs 0.19 ms for the chain; 14 us
+  on the AMD EPYC VM when its profile was made, 9-34 us there since). Kernels are profiled
+  with rotated operands but hot code, so layer predictions add it once per distinct kind
+  (``costmodel.model.cold_start``); paired
   runs re-time the chain beside their layers (their replay uses that value) and the profile
   keeps the median of its last ``COLD_CALL_HISTORY`` measurements (``sim.predict.paired``);
   0 on CUDA, whose L2 flush leaves the host's caches alone;
@@ -32,8 +33,7 @@ from costmodel.store.profile import DeviceProfile
 COLD_CHAIN_OPS = 10
 #: the cold-call overhead a profile predicts with is the median of the chain's last this many
 #: measurements (each one sitting's rounds, ``with_cold_call_overhead``): one sitting's value
-#: swung 10-32 us per op on the EPYC VM within a day, and a module of 649 kernels (OLMoE's
-#: block) moved by 5 ms of 27 with it
+#: swung 10-32 us per op on the EPYC VM within a day
 COLD_CALL_HISTORY = 7
 
 

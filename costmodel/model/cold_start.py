@@ -13,8 +13,9 @@ Charged per kernel instead, it grows with the number of calls, not of kinds: so 
 OLMoE's block (649 kernels) was predicted 1.38x its measured time,
 Qwen3-MoE's 1.47x, DeepSeek-V3's 1.56x, while blocks of 34-89 kernels sat at 1.03-1.05x
 (``results/cpu_epyc/unseen_modules``, held out, AMD EPYC VM). ``scripts/bench_composition.py``
-measured the same on the ``moe_skew`` layer: its first call of each small kind pays 26-102 us
-over the kind's runner, its later calls do not.
+measured the same on the ``moe_skew`` layer: tiny twins of it (d_model 8) cost 0.55-0.93 ms
+a cold call whatever their 15-90 kernels, and the first call of each small kind 18-118 us
+over the kind's runner.
 
 A kind is the code path (``kernel_kind``: the family plus the field that picks the aten op)
 and the dtype. L0 and L1 are FLOPs-only by definition and never pay it; nor does a warm

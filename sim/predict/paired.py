@@ -16,10 +16,10 @@ per-round budget). The rows replace the profile's rows of those kernels, as a re
 rows of those families in those regimes are scaled in later fits,
 ``costmodel.measure.freshness.refresh_scale``); the models are
 refitted, and the layers are predicted from them. The ceilings' cold-call chain
-(``costmodel.measure.ceilings``: what each kernel of a layer timed from evicted caches pays beyond
-its profiled time) is timed in the same rounds, cold and warm, and stored the same way
-(``record_cold_chain``): on the development VM it measured 14 us per op when the profile
-was made and 16-34 us a day later, and a loop MoE layer has 25-90 kernels.
+(``costmodel.measure.ceilings``: what each kind of kernel of a layer timed from evicted caches
+pays once beyond its profiled time, ``costmodel.model.cold_start``) is timed in the same rounds,
+cold and warm, and stored the same way (``record_cold_chain``): on the development VM it
+measured 14 us per op when the profile was made and 9-34 us since.
 
 What this gives is **replay**, not a prediction: the refitted model predicts every kernel
 it now holds by that kernel's measurement (``CostModel.predict_table``, the lookup), so the
