@@ -483,6 +483,16 @@ def _prediction_columns(pred: Any, prefix: str) -> dict[str, float]:
     return {f"pred_{prefix}_{lv}_s": float(pred.total_s[lv]) for lv in LEVELS}
 
 
+def trace_kinds(trace: Any) -> int:
+    """Distinct kernel kinds of a captured trace (``costmodel.model.cold_start``: each pays one
+    cold start in a cold layer); an op no family maps counts as a kind of its own."""
+    from costmodel.model.cold_start import distinct_kinds
+
+    ops = trace.predicted_ops()
+    return (distinct_kinds([op.spec for op in ops if op.kind == "kernel"])
+            + len({op.aten_op for op in ops if op.kind == "unmapped"}))
+
+
 def score_table(workloads: Sequence[Workload], timed: Sequence[Mapping[str, Any]], heldout: Any) -> pd.DataFrame:
     """One row per workload: measured median and IQR, L0-L3 held-out and lookup, held-out L3
     corrected by the reference drift, and every APE (%)."""
@@ -496,7 +506,7 @@ def score_table(workloads: Sequence[Workload], timed: Sequence[Mapping[str, Any]
             drift = predict_captured(w.trace, heldout.model, l3_factor=heldout.drift.factor)
         counts = w.trace.counts()
         row = {"module": w.module, "library": w.library, "class": w.cls, "kind": w.kind, "sizes": w.sizes,
-               "kernels": counts["kernel"], "unmapped_ops": counts["unmapped"],
+               "kernels": counts["kernel"], "kinds": trace_kinds(w.trace), "unmapped_ops": counts["unmapped"],
                "unmapped_names": ";".join(w.lookup.unmapped["aten_op"]) if w.lookup.unmapped is not None else "",
                "coverage_pred_pct": 100 * w.lookup.coverage["L3"], "flops": w.lookup.flops,
                "capture_s": w.trace.capture_s,

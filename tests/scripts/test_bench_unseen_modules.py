@@ -169,3 +169,17 @@ def test_scores_report_median_p90_max_and_the_target(bench):
     assert "held-out" in s["heldout"]["what"] and "lookup" in s["lookup"]["what"]
     worse = bench.scores(_scored([1.0, 1.0], l2=[1.05, 0.95], l3=[1.2, 0.8]))
     assert worse["heldout"]["l3_beats_l2_at_median"] is False and worse["heldout"]["meets_target"] is False
+
+
+def test_trace_kinds_counts_each_kind_once_and_each_unmapped_op_as_a_kind(bench):
+    from types import SimpleNamespace
+
+    from costmodel.families.elementwise import ElementwiseSpec
+    from costmodel.families.gemm import GemmSpec
+
+    def op(spec=None, aten="aten.mm.default"):
+        return SimpleNamespace(kind="kernel" if spec is not None else "unmapped", spec=spec, aten_op=aten)
+
+    ops = [op(GemmSpec(4, 8, 8)), op(GemmSpec(16, 8, 8)), op(ElementwiseSpec("mul", 8)), op(ElementwiseSpec("add", 8)),
+           op(aten="aten._fft_r2c.default"), op(aten="aten._fft_r2c.default"), op(aten="aten.index_put_.default")]
+    assert bench.trace_kinds(SimpleNamespace(predicted_ops=lambda: ops)) == 3 + 2
