@@ -58,7 +58,8 @@ def optional_column(t: pd.DataFrame, name: str, default: str) -> pd.Series:
     from before the field existed)."""
     if name not in t.columns:
         return pd.Series(default, index=t.index)
-    return t[name].fillna(default).astype(str)
+    values = t[name].astype(object)  # a float column of NaNs cannot take a text fill value
+    return values.where(values.notna(), default).astype(str)
 
 
 def layout_features(t: pd.DataFrame) -> dict[str, np.ndarray]:

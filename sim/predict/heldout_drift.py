@@ -9,19 +9,21 @@ So a held-out run also times a few *reference kernels* in the same rounds as its
 profiled kernels of the families that carry the layers' predicted time, chosen near the
 family's heaviest kernel of the traces (in octaves of every size field, bytes moved and
 FLOPs) but never within a factor ``MIN_DISTANCE_LOG2`` (octaves: sqrt(2)) of any kernel of
-the traces in both bytes moved and FLOPs. Per family, the median of measured now / profiled
-(the row the held-out models were fitted on) over its references is the family's drift: how
-much slower or faster the machine runs that family now than when the profile measured it;
-the held-out L3 of every trace kernel of that family is multiplied by it (families without a
-reference get the median over all references). The experiment's own kernels are never
-timed for this, looked up or fitted on.
+the traces in both bytes moved and FLOPs. Per family, the median of measured now / the
+held-out regression's own prediction of that reference (``model_s``: the fitted surface, not
+the reference's single profiled row) is the family's drift: how much slower or faster the
+machine runs that family now than the models, fitted on many sittings, expect near the
+layers' kernels; the held-out L3 of every trace kernel of that family is multiplied by it
+(families without a reference get the median over all references). The experiment's own
+kernels are never timed for this, looked up or fitted on.
 
-This is a **side score** (``details.heldout_drift_scaled``), not the headline: on the EPYC VM
-the scaling made the held-out error worse in both runs it was tried as the headline
-(``moe_skew`` L3 median 10.9% scaled vs 11.0% unscaled; 27.9% vs 8.3%), because a profile row
-carries the noise of the phase it was measured in, and three references per family read
-that noise as much as the machine's drift (the experiment's own kernels ran at 0.96x their
-profiled time while the references ran at 1.30-1.44x theirs).
+The ratio against each reference's profiled row (``profiled_s``) is kept beside it
+(``vs_profiled_row``) for comparison: it was the first rule, and it read the noise of the
+phase each row was measured in as much as the machine's drift (``moe_skew``, EPYC VM: L3 median
+10.9% scaled vs 11.0% unscaled, and 27.9% vs 8.3% in another run; once the experiment's own
+kernels ran at 0.96x their profiled time while the references ran at 1.30-1.44x theirs).
+
+This is a **side score** (``details.heldout_drift_scaled``), not the headline.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ class HeldOutReference:
     spec: KernelSpec
     profiled_s: float  # the profile's time of it, as the held-out models were fitted on
     run: Callable[[], Any] | None = None
+    model_s: float | None = None  # the held-out regression's L3 of it (no lookup); None: profiled_s
 
 
 @dataclass
@@ -64,6 +67,8 @@ class FamilyDrift:
     by_family: dict[str, float] = field(default_factory=dict)
     overall: float = 1.0
     references: int = 0
+    #: the same medians against each reference's profiled row (the first rule), for comparison
+    vs_profiled_row: dict[str, float] = field(default_factory=dict)
 
     def factor(self, family: str) -> float:
         return self.by_family.get(family, self.overall)
@@ -71,16 +76,19 @@ class FamilyDrift:
     def to_dict(self) -> dict[str, Any]:
         return {"by_family": {f: round(r, 4) for f, r in sorted(self.by_family.items())},
                 "overall": round(self.overall, 4), "references": self.references,
-                "rule": (f"per family, median of measured now / profiled over up to {REFERENCES_PER_FAMILY} "
-                         f"reference kernels timed in the same rounds, none within {2 ** MIN_DISTANCE_LOG2:.2f}x of "
-                         "a scored kernel in both bytes and FLOPs; other families take the overall median")}
+                "vs_profiled_row": {f: round(r, 4) for f, r in sorted(self.vs_profiled_row.items())},
+                "rule": (f"per family, median of measured now / the held-out regression's L3 of the reference over "
+                         f"up to {REFERENCES_PER_FAMILY} reference kernels timed in the same rounds, none within "
+                         f"{2 ** MIN_DISTANCE_LOG2:.2f}x of a scored kernel in both bytes and FLOPs; other families "
+                         "take the overall median (vs_profiled_row: the same against each reference's profiled row)")}
 
     def describe(self) -> str:
         if not self.references:
             return "held-out drift: no reference kernels, predictions not corrected"
         parts = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.by_family.items()))
+        rows = ", ".join(f"{f} {r:.2f}x" for f, r in sorted(self.vs_profiled_row.items()))
         return (f"held-out drift from {self.references} reference kernels (none of this run's), measured now / "
-                f"profiled: {parts}; other families {self.overall:.2f}x")
+                f"held-out model: {parts}; other families {self.overall:.2f}x (against their profiled rows: {rows})")
 
 
 def _log2(values: Any) -> np.ndarray:
@@ -152,19 +160,25 @@ def choose_references(table: pd.DataFrame, traces: Sequence[Sequence[KernelSpec]
 
 
 def family_drift(references: Sequence[HeldOutReference], measured_now_s: Sequence[float]) -> FamilyDrift:
-    """Per family, the median of measured now / profiled over its references."""
+    """Per family, the median of measured now / the held-out model's L3 over its references
+    (``model_s``; a reference without one is read against its profiled row), and the same
+    against the profiled rows in ``vs_profiled_row``."""
     if len(references) != len(measured_now_s):
         raise ValueError(f"{len(references)} references but {len(measured_now_s)} timings")
     if not references:
         return FamilyDrift()
+    now = np.asarray(measured_now_s, dtype=np.float64)
     ratios = pd.DataFrame({"family": [r.family for r in references],
-                           "ratio": [float(m) / r.profiled_s for r, m in zip(references, measured_now_s)]})
+                           "ratio": now / [r.profiled_s if r.model_s is None else r.model_s for r in references],
+                           "row_ratio": now / [r.profiled_s for r in references]})
     ratios = ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
     if ratios.empty:
         return FamilyDrift()
     by_family = ratios.groupby("family")["ratio"].median().to_dict()
+    by_row = ratios.groupby("family")["row_ratio"].median().to_dict()
     return FamilyDrift(by_family={f: float(r) for f, r in by_family.items()},
-                       overall=float(ratios["ratio"].median()), references=int(len(ratios)))
+                       overall=float(ratios["ratio"].median()), references=int(len(ratios)),
+                       vs_profiled_row={f: float(r) for f, r in by_row.items()})
 
 
 def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], device: Any, *, cold: bool,
@@ -173,6 +187,7 @@ def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], devic
     timed as the profile timed it (``costmodel.measure.runners.make_runner``)."""
     from costmodel.families.descriptor import from_record  # noqa: PLC0415
     from costmodel.measure.runners import make_runner  # noqa: PLC0415
+    from costmodel.model.features import kernel_table  # noqa: PLC0415
 
     if heldout.table is None or heldout.table.empty:
         return []
@@ -184,5 +199,8 @@ def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], devic
         return []
     records = rows.to_dict("records")
     specs = [from_record(rec) for rec in records]
+    # the regression's surface at each reference, never its lookup (``predict_table`` without keys)
+    model_s = heldout.model.predict_table(kernel_table(specs), ["L3"])["L3"].to_numpy()
     run_of = make_run or (lambda s: make_runner(s, device, cold=cold))
-    return [HeldOutReference(s.key(), s.family, s, float(rec["median_s"]), run_of(s)) for s, rec in zip(specs, records)]
+    return [HeldOutReference(s.key(), s.family, s, float(rec["median_s"]), run_of(s), float(m))
+            for s, rec, m in zip(specs, records, model_s)]

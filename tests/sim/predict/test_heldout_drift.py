@@ -13,6 +13,7 @@ import pytest
 
 from costmodel.families.gemm import GemmSpec
 from costmodel.families.sort import SortSpec
+from costmodel.model.features import kernel_table
 from experiments.workloads import evaluate_workloads
 from sim.predict import heldout_drift
 from sim.predict.calibration import calibrated_model
@@ -67,6 +68,20 @@ def test_family_drift_is_the_median_ratio_per_family_and_overall_for_the_rest():
         family_drift(refs, [1.0, 1.0, 1.0])
 
 
+def test_family_drift_reads_the_references_against_the_model_and_keeps_the_row_ratio_beside():
+    # profiled rows 1, 2, 4; the held-out model expects 2, 2, 2 there: measured 2, 3, 4
+    refs = [HeldOutReference(f"k{i}", "gemm", GemmSpec(1, 1, 1), row, None, 2.0) for i, row in enumerate((1.0, 2.0, 4.0))]
+    drift = family_drift(refs, [2.0, 3.0, 4.0])
+    assert drift.by_family == {"gemm": 1.5}  # 1, 1.5, 2 against the model
+    assert drift.vs_profiled_row == {"gemm": 1.5} and drift.to_dict()["vs_profiled_row"] == {"gemm": 1.5}
+    drift = family_drift(refs, [2.0, 2.0, 2.0])
+    assert drift.by_family == {"gemm": 1.0} and drift.vs_profiled_row == {"gemm": 1.0}  # rows: 2, 1, 0.5
+    drift = family_drift(refs, [1.0, 2.0, 8.0])
+    assert drift.by_family == {"gemm": 1.0} and drift.vs_profiled_row == {"gemm": 1.0}
+    drift = family_drift(refs[:1], [3.0])
+    assert drift.by_family == {"gemm": 1.5} and drift.vs_profiled_row == {"gemm": 3.0}
+
+
 TIMING = TINY_TIMING
 
 
@@ -85,6 +100,9 @@ def test_heldout_predictions_are_scaled_by_the_references_drift(tiny_runtime, mo
     held.references = heldout_drift.build_references(held, [trace], rt.device, cold=False, make_run=make_run)
     assert 1 <= len(held.references) <= heldout_drift.REFERENCES_PER_FAMILY
     assert GemmSpec(8, 32, 32).key() not in {r.key for r in held.references}
+    for r in held.references:  # the regression's surface at the reference, not its profiled row looked up
+        surface = held.model.predict_table(kernel_table([r.spec]), ["L3"])["L3"].iloc[0]
+        assert r.model_s == pytest.approx(surface) and r.model_s != r.profiled_s
     df = evaluate_workloads(model, [Workload("w", trace, lambda: None)], device=rt.device, timing=TIMING,
                             description="t", progress=False, heldout=held)
     assert set(timed) == {r.key for r in held.references}  # timed in the rounds, never the trace's kernel
