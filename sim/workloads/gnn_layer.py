@@ -131,7 +131,8 @@ def _cv(counts: np.ndarray) -> float:
 
 
 def _ordered(edge_index: torch.Tensor, sorted_by_dst: bool) -> tuple[np.ndarray, np.ndarray]:
-    src, dst = edge_index[0].numpy(), edge_index[1].numpy()
+    host = edge_index.detach().cpu()  # the plan's facts are host-side numpy, wherever the layer runs
+    src, dst = host[0].numpy(), host[1].numpy()
     if sorted_by_dst:
         order = np.argsort(dst, kind="stable")
         src, dst = src[order], dst[order]
