@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from image_venv import make_image_venv  # noqa: E402
 
 pytestmark = pytest.mark.slow
-STAGES = ["preflight", "gpu_overrides", "gpu_tests", "bench", "fit", "moe_skew", "gnn_degree", "gemm_same_flops",
-          "mlp_batch", "moe_design", "hf_moe", "pyg_conv"]
+STAGES = ["preflight", "gpu_overrides", "gpu_tests", "bench", "fit", "moe_skew", "gnn_degree", "hf_moe", "pyg_conv",
+          "moe_design", "gemm_same_flops", "mlp_batch"]
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +75,19 @@ def test_dry_run_every_stage_survives_a_failing_one(image_python, tmp_path):
     assert "./logs/mlp_batch.log" in names
     env = json.loads((out / "env.json").read_text())
     assert env["versions"]["hydra"] == "1.3.2"  # from the carried wheel, not from anywhere else
+
+
+def test_a_stage_that_would_overrun_the_total_is_not_started_and_the_gpu_profile_seeds_the_run(image_python, tmp_path):
+    out = tmp_path / "out"
+    # budgets at 1x: preflight (30 s) and bench (60 s) fit in 100 s, moe_skew (180 s) does not
+    done = _dry_run(image_python, out, STAGES="bench moe_skew", SCALE="1", TOTAL_S="100", SEED="1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    status = {s["stage"]: s["status"] for s in json.loads((out / "wall.json").read_text())["stages"]}
+    assert status == {"preflight": "ok", "bench": "ok", "moe_skew": "no_time"}
+    log = (out / "gpu_check.log").read_text()
+    assert 'STAGES="moe_skew"' in log  # the rerun line for what was not started
+    gpu_profiles = sorted(p.name for p in (ROOT / "profiles").glob("cuda-*") if (p / "fingerprint.json").exists())
+    for name in gpu_profiles:  # the committed GPU profile travels into the run's profile root, and back
+        assert f"seeded {name}" in log
+        with tarfile.open(out / "gpu_results.tar.gz") as tar:
+            assert f"./profiles/{name}/measurements.csv" in tar.getnames()
