@@ -1,0 +1,63 @@
+"""scripts/heldout_by_suite.py: each experiment suite's own kernels (calibration / paired /
+design rows) are left out of the fit and predicted, its neighbours and refresh anchors stay
+in, bench suites are never a fold, and an unknown suite is refused with the profile's suites."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from script_loader import loaded_script
+
+from costmodel.families.gemm import GemmSpec
+from costmodel.measure.device import fingerprint
+from costmodel.store.profile import DeviceProfile
+
+CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
+
+
+@pytest.fixture(scope="module")
+def script():
+    yield from loaded_script("heldout_by_suite")
+
+
+def _row(spec: GemmSpec, suite: str, tag: str) -> dict:
+    # one smooth law (50 GFLOP/s plus 10 us a call), so a fitted model predicts a left-out GEMM closely
+    return {"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(), "bytes_moved": spec.bytes_moved(),
+            "median_s": 1e-5 + spec.flops() / 5e10, "iqr_s": 1e-7, "noisy": False, "suite": suite, "tag": tag}
+
+
+@pytest.fixture
+def profile(tmp_path) -> DeviceProfile:
+    p = DeviceProfile.open(tmp_path / "profiles", fingerprint(torch.device("cpu"), "float32"))
+    rows = [_row(GemmSpec(int(m), k, k), "full", "grid") for m in np.geomspace(1, 2048, 12).round() for k in (64, 256, 1024)]
+    own = [GemmSpec(int(m), 512, 512) for m in (3, 24, 200)]  # between the grid's K and N
+    rows += [_row(s, "moe", "calibration") for s in own]
+    rows += [_row(GemmSpec(48, 512, 512), "moe", "heldout_neighbour"), _row(GemmSpec(5, 64, 64), "moe", "refresh_anchor")]
+    p.append_measurements(rows)
+    p.write_ceilings(CEIL)
+    return p
+
+
+def test_the_suites_own_kernels_are_left_out_and_predicted(script, profile, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert script.main([str(profile.path), "--out", str(out)]) == 0
+    kernels = pd.read_csv(out / "kernels.csv")
+    # the three calibration GEMMs, not the neighbour (K=N=512, M=48) nor the refresh anchor
+    assert sorted(kernels["key"]) == sorted(GemmSpec(m, 512, 512).key() for m in (3, 24, 200))
+    assert set(kernels["suite"]) == {"moe"}  # 'full' is a bench suite: never a fold
+    ratio = kernels["pred_L3_s"] / kernels["profiled_s"]
+    assert ratio.between(0.5, 2.0).all(), ratio.tolist()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["suites"] == ["moe"] and summary["per_suite"][0]["kernels"] == 3
+    assert "[1/1] moe: 3 kernels left out, fitted on" in capsys.readouterr().out
+
+
+def test_an_unknown_suite_is_refused_naming_the_profiles_suites(script, profile, capsys):
+    with pytest.raises(SystemExit) as err:
+        script.main([str(profile.path), "--suites", "hf_moe"])
+    assert err.value.code == 2
+    assert "--suites: ['hf_moe'] not in" in capsys.readouterr().err
