@@ -147,10 +147,9 @@ class ColocationFactors:
             curve = self._curve(family, key)
             if key == "stream_ratio":
                 if curve is None:
-                    ratios = [float(k[key]) for k in self.kernels.get(family, []) if isinstance(k.get(key), (int, float))]
-                    if not ratios:
+                    stream = self.stream_median(family)
+                    if stream is None:
                         return self.factors[family]  # the family was measured without the stream
-                    stream = float(np.median(ratios))
                 else:
                     stream = self._at(curve, bytes_moved)
                 return 1.0 + (stream - 1.0) * float(pressure)
@@ -162,6 +161,13 @@ class ColocationFactors:
             log.warning("colocation: family %r was not measured (%s); its kernels are predicted as alone (factor 1.0)",
                         family, self.source or "factors given by hand")
         return 1.0
+
+    def stream_median(self, family: str) -> float | None:
+        """The median ratio beside the stream neighbour over the family's measured kernels; None
+        where the family was measured without the stream."""
+        ratios = [float(k["stream_ratio"]) for k in self.kernels.get(family, [])
+                  if isinstance(k.get("stream_ratio"), (int, float))]
+        return float(np.median(ratios)) if ratios else None
 
     @staticmethod
     def _at(curve: tuple[np.ndarray, np.ndarray], bytes_moved: float | None) -> float:
@@ -219,8 +225,8 @@ class ColocationFactors:
         out = {"factors": dict(sorted(self.factors.items())), "placement": self.placement,
                "measured_at": self.measured_at, "source": self.source, "unmeasured": sorted(self.unmeasured)}
         if self.has_stream:
-            out["stream_factors"] = {f: float(np.median([k["stream_ratio"] for k in ks if "stream_ratio" in k]))
-                                     for f, ks in sorted(self.kernels.items()) if any("stream_ratio" in k for k in ks)}
+            medians = {f: self.stream_median(f) for f in sorted(self.kernels)}
+            out["stream_factors"] = {f: m for f, m in medians.items() if m is not None}
             out["stream_bytes_per_s"] = self.stream_bytes_per_s
             out["private_cache_bytes"] = self.private_cache_bytes
         return out
