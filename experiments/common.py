@@ -489,10 +489,13 @@ def print_summary(summ: Mapping[str, Any]) -> None:
                       f"(this run's {held['excluded_kernels']} distinct kernels), {held['fit_s']:.1f} s")
         drift = held.get("drift") or {}
         if drift.get("references"):
-            console.print("held-out drift (measured now / profiled time of "
+            rows = drift.get("vs_profiled_row") or {}
+            console.print("held-out drift (measured now / the held-out model's time of "
                           f"{drift['references']} reference kernels, none of this run's; not applied to the headline): "
                           + ", ".join(f"{f} {r:.2f}x" for f, r in drift["by_family"].items())
-                          + f", other families {drift['overall']:.2f}x")
+                          + f", other families {drift['overall']:.2f}x"
+                          + (" (against their profiled rows: " + ", ".join(f"{f} {r:.2f}x" for f, r in rows.items())
+                             + ")" if rows else ""))
     elif "scoring" in summ["details"]:
         console.print("[yellow]not held out: these errors include kernels the profile measured (lookup or replay); "
                       "they check composition, not prediction[/]")

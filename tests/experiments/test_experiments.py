@@ -295,3 +295,18 @@ def test_beyond_noise_counts_only_points_with_a_noise_estimate():
     out = beyond_noise(np.array([0.05, -0.25, 0.5, 0.1]), np.array([0.1, 0.1, 0.0, float("nan")]))
     assert out == {"share_beyond_2_sigma": 0.5, "points": 2, "perfect_model_share": 0.0455}  # |-0.25| > 0.2
     assert beyond_noise(np.array([0.1]), np.array([0.0]))["share_beyond_2_sigma"] is None
+
+
+def test_summary_names_the_drift_basis_and_the_profiled_row_ratios():
+    from experiments import common
+
+    summ = {"experiment": "x", "device": "cpu", "n_points": 1, "noise_cv_pct": 1.0,
+            "median_ape_pct": {}, "p90_ape_pct": {}, "max_ape_pct": {}, "spearman": {},
+            "details": {"heldout": {"scored": True, "fitted_rows": 10, "excluded_profile_rows": 2, "excluded_kernels": 2,
+                                    "fit_s": 1.0, "drift": {"references": 2, "by_family": {"gemm": 0.9},
+                                                            "overall": 0.9, "vs_profiled_row": {"gemm": 0.84}}}}}
+    with common.console.capture() as captured:
+        common.print_summary(summ)
+    out = " ".join(captured.get().split())
+    assert "measured now / the held-out model's time of 2 reference kernels" in out
+    assert "gemm 0.90x, other families 0.90x (against their profiled rows: gemm 0.84x)" in out
