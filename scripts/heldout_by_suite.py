@@ -28,7 +28,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -36,10 +35,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from costmodel.families.descriptor import from_record  # noqa: E402
 from costmodel.model.cold_start import kernel_kind  # noqa: E402
 from costmodel.model.models import make_levels  # noqa: E402
 from costmodel.store.profile import DeviceProfile  # noqa: E402
-from sim.predict.heldout import IGNORED_REFRESH_POLICIES  # noqa: E402
+from sim.predict.heldout import IGNORED_REFRESH_POLICIES, heldout_table  # noqa: E402
 
 #: suites written by the bench (training data for every fold), never left out
 BENCH_SUITES = ("full", "quick", "tiny", "small_ops", "load_cost_model")
@@ -48,19 +48,15 @@ OWN_TAGS = ("calibration", "paired", "design")
 LEVELS = ("L2", "L3")
 
 
-def _fields(record: dict) -> SimpleNamespace:
-    """A table row as ``kernel_kind`` reads a descriptor (empty cells: unset)."""
-    return SimpleNamespace(**{k: (None if pd.isna(v) or v == "" else v) for k, v in record.items()})
-
-
-def fold(table: pd.DataFrame, suite: str, ceilings: dict, cv_folds: int) -> pd.DataFrame:
-    """The kernels of ``suite``'s layers, predicted by models fitted without them."""
-    test_mask = (table["suite"] == suite) & table["tag"].astype(str).isin(OWN_TAGS)
-    train, test = table[~test_mask].reset_index(drop=True), table[test_mask].reset_index(drop=True)
+def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict, cv_folds: int) -> pd.DataFrame:
+    """The kernels of ``suite``'s layers, predicted by models fitted without them (the training
+    table is ``heldout_table``'s: the experiments' own exclusion rule)."""
+    test = table[(table["suite"] == suite) & table["tag"].astype(str).isin(OWN_TAGS)].reset_index(drop=True)
+    train, _ = heldout_table(profile, set(test["key"]))
     y = train["median_s"].to_numpy(dtype=np.float64)
     levels = {lv: m.fit(train, y) for lv, m in make_levels(ceilings, cv_folds=cv_folds).items() if lv in LEVELS}
     out = pd.DataFrame({"suite": suite, "key": test["key"], "family": test["family"],
-                        "kind": [kernel_kind(_fields(r)) for r in test.to_dict("records")],
+                        "kind": [kernel_kind(from_record(r)) for r in test.to_dict("records")],
                         "profiled_s": test["median_s"].to_numpy(dtype=np.float64)})
     for lv, model in levels.items():
         out[f"pred_{lv}_s"] = np.asarray(model.predict(test), dtype=np.float64)
@@ -108,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, suite in enumerate(suites, 1):
         start = time.perf_counter()
-        rows.append(fold(table, suite, ceilings, args.cv_folds))
+        rows.append(fold(profile, table, suite, ceilings, args.cv_folds))
         print(f"[{i}/{len(suites)}] {suite}: {len(rows[-1])} kernels left out, fitted on "
               f"{len(table) - len(rows[-1])} in {time.perf_counter() - start:.0f} s", flush=True)
     kernels = pd.concat(rows, ignore_index=True)
