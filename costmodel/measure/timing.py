@@ -208,7 +208,15 @@ def _time_cpu_evicting(fn: Callable[[], Any], cfg: TimingConfig) -> tuple[list[f
     return times, 1
 
 
-def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -> tuple[list[float], int]:
+def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device,
+               sync_each: bool = False) -> tuple[list[float], int]:
+    """CUDA-event timing in the manner of triton's ``do_bench``. ``sync_each`` (whole layers):
+    wait for the device to drain before every timed call, so each call starts from an idle queue
+    and its events hold all of its host dispatch. Without it a host-bound layer queues part of
+    its launches while the L2 flush before it still runs, and how much of its dispatch the events
+    miss varies with the flush (the first lease: 12 of 30 moe_skew points varied >10% between
+    rounds). Kernels keep the back-to-back form: a sync before each would add launch latency to
+    microsecond kernels."""
     fn()
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -229,6 +237,8 @@ def _time_cuda(fn: Callable[[], Any], cfg: TimingConfig, device: torch.device) -
     for s, e in zip(starts, ends):
         if cfg.cold_cache:
             evict_caches(device, cfg)
+        if sync_each:
+            torch.cuda.synchronize(device)
         s.record()
         fn()
         e.record()
@@ -246,8 +256,9 @@ def measure(
 ) -> Measurement:
     """Time ``fn`` on ``device``; retry while noisy; return the least noisy attempt.
 
-    ``evict_cpu_cache`` (CPU; for whole layers): evict the caches before every timed call
-    instead of timing blocks of back-to-back calls. Kernel runners stay on blocks: they get
+    ``evict_cpu_cache`` (for whole layers): on the CPU, evict the caches before every timed call
+    instead of timing blocks of back-to-back calls; on CUDA, drain the queue before every timed
+    call (``_time_cuda(sync_each=True)``). Kernel runners stay on blocks: they get
     cold operands by rotation, which keeps microsecond kernels cheap to time."""
     cfg = config or TimingConfig()
     device = torch.device(device)
@@ -255,7 +266,7 @@ def measure(
     attempts = 0
     for attempts in range(1, cfg.retries + 2):
         if device.type == "cuda":
-            times, number = _time_cuda(fn, cfg, device)
+            times, number = _time_cuda(fn, cfg, device, sync_each=evict_cpu_cache)
         elif evict_cpu_cache:
             times, number = _time_cpu_evicting(fn, cfg)
         else:
