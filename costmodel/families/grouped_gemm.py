@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Mapping
 
@@ -163,11 +164,22 @@ def capped_power_law_counts(total: int, experts: int, exponent: float, cap: int)
 
 
 def suite(cfg: Mapping[str, Any], ctx: SuiteContext) -> list[tuple[str, KernelSpec]]:
-    """Experts x total tokens x (K, N) x power-law skew exponent x implementation."""
-    return [("grid", GroupedGemmSpec(power_law_counts(int(total), int(experts), exponent), int(k), int(n), impl,
-                                     ctx.dtype))
-            for experts, total, (k, n), exponent, impl in grid(cfg, "experts", "total_tokens", "kn", "skew_exponent",
-                                                                "impl")]
+    """Experts x total tokens x (K, N) x power-law skew exponent x implementation; then, when
+    the section has ``model_shapes``, the expert shapes of public MoE configs (each
+    ``[name, experts, k, n]``, both projections listed) x its ``total_tokens`` x its
+    ``skew_exponent`` x ``impl``, tagged ``model:<name>``. The grid's largest expert is
+    1024 x 256; users' experts are 4-15x larger and out of cache on a CPU, so without these a
+    fitted model extrapolates on every real MoE layer."""
+    out: list[tuple[str, KernelSpec]] = [
+        ("grid", GroupedGemmSpec(power_law_counts(int(total), int(experts), exponent), int(k), int(n), impl, ctx.dtype))
+        for experts, total, (k, n), exponent, impl in grid(cfg, "experts", "total_tokens", "kn", "skew_exponent", "impl")]
+    shapes = cfg.get("model_shapes")
+    if shapes:
+        for (name, experts, k, n), total, exponent, impl in itertools.product(
+                shapes["shapes"], shapes["total_tokens"], shapes["skew_exponent"], cfg["impl"]):
+            out.append((f"model:{name}", GroupedGemmSpec(power_law_counts(int(total), int(experts), exponent),
+                                                         int(k), int(n), impl, ctx.dtype)))
+    return out
 
 
 # ----------------------------------------------------------------------------- torch call

@@ -111,3 +111,24 @@ def test_records_round_trip_and_keys_are_stable():
 def test_unknown_family_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown kernel family 'conv'"):
         from_record({"family": "conv"})
+
+
+def test_grouped_gemm_suite_adds_tagged_model_shapes():
+    """The full suite's public-config expert shapes: every [name, experts, k, n] x tokens x skew
+    x impl, tagged model:<name>, with the routing split exactly as the grid splits it."""
+    from types import SimpleNamespace
+
+    from costmodel.families.grouped_gemm import power_law_counts, suite
+
+    base = {"experts": [4], "total_tokens": [8], "kn": [[256, 512]], "skew_exponent": [0.0], "impl": ["grouped_mm"]}
+    ctx = SimpleNamespace(dtype="float32")
+    assert [t for t, _ in suite(base, ctx)] == ["grid"]
+    with_models = {**base, "model_shapes": {"shapes": [["mixtral_div4", 8, 1024, 3584], ["mixtral_div4", 8, 3584, 1024]],
+                                            "total_tokens": [16, 64], "skew_exponent": [0.0, 4.0]}}
+    out = suite(with_models, ctx)
+    models = [(t, s) for t, s in out if t != "grid"]
+    assert len(models) == 2 * 2 * 2 and {t for t, _ in models} == {"model:mixtral_div4"}
+    first = models[0][1]
+    assert (first.k, first.n, first.impl) == (1024, 3584, "grouped_mm")
+    assert first.tokens_per_expert == power_law_counts(16, 8, 0.0) == (2,) * 8
+    assert sum(models[-1][1].tokens_per_expert) == 64 and models[-1][1].tokens_per_expert[0] > 32
