@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tiny_budget import TINY_TIMING, tiny_timing_section
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -372,3 +373,18 @@ def test_a_refresh_under_a_cpu_hog_is_refused_and_records_nothing(tmp_path):
     after = rt.open_profile().measurements()
     assert len(after) == len(before)  # no row recorded under that load
     assert not [e for e in rt.open_profile().provenance() if e.get("command") == "freshness refresh"]
+
+
+def test_a_refresh_never_scales_a_row_past_its_roofline():
+    """Bounded per row: a row that respected the roofline as measured is scaled at most down to
+    it; a row that beat it (cache-resident) keeps its scale; no ceilings, no bound."""
+    from costmodel.store.profile import roofline_bounded
+
+    ceilings = {"peak_flops_per_s": 1e12, "bandwidth_bytes_per_s": 1e10, "overhead_s": 0.0}
+    rows = pd.DataFrame({"flops": [0.0, 0.0, 1e9], "bytes_moved": [1e9, 1e9, 1e3],   # roofs 0.1, 0.1, 1e-3 s
+                         "median_s": [0.2, 0.05, 0.004]})
+    scale = np.array([0.2, 0.5, 0.5])
+    bounded = roofline_bounded(rows, scale, ceilings)
+    assert bounded.tolist() == pytest.approx([0.5, 0.5, 0.5])  # 0.2 s -> 0.1 s at most; 0.05 beat it; 4 ms -> 2 ms ok
+    assert roofline_bounded(rows, scale, None).tolist() == scale.tolist()
+    assert roofline_bounded(rows, np.array([2.0, 1.0, 1.0]), ceilings).tolist() == [2.0, 1.0, 1.0]  # slower: untouched
