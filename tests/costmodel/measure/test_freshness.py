@@ -15,6 +15,7 @@ from costmodel.measure.freshness import (
     FreshnessReport,
 )
 from costmodel.families.gemm import GemmSpec
+from costmodel.model.features import roofline_time_s
 from costmodel.families.histogram import HistogramSpec
 from costmodel.families.sort import SortSpec
 from costmodel.measure.runtime import Runtime
@@ -320,8 +321,12 @@ def test_a_refresh_gives_an_older_sitting_its_own_ratio(rt, busy_guard_aside):
     raw = profile.measurements()
     not_remeasured = [k for k in old_keys if (raw["key"] == k).sum() == (raw[raw["key"] == k]["round"].nunique())
                       and (raw[raw["key"] == k]["measured_at"].astype(str) < entry["at"]).all()]
-    for k in not_remeasured:  # scaled by the older sitting's own ratio
-        assert kernels.loc[k, "refresh_scale"] == pytest.approx(by_epoch[older_span])
+    ceilings = profile.ceilings()
+    for k in not_remeasured:  # scaled by the older sitting's own ratio, never below its roofline
+        row = raw[raw["key"] == k].iloc[0]
+        roof = float(roofline_time_s(np.array([row["flops"]]), np.array([row["bytes_moved"]]), ceilings)[0])
+        floor = roof / row["median_s"] if row["median_s"] >= roof else 0.0
+        assert kernels.loc[k, "refresh_scale"] == pytest.approx(max(by_epoch[older_span], floor))
     assert not_remeasured  # 7 older kernels, 3 re-measured as anchors
 
 
