@@ -103,51 +103,53 @@ def neighbour_pressure(colocation: ColocationFactors | None, traces: Sequence[Se
 
 
 def contended_timeline(alone_s: Sequence[float], sensitivity: Sequence[float], pressure: Sequence[float],
-                       device_of: Sequence[int], n_devices: int) -> tuple[np.ndarray, np.ndarray]:
+                       device_of: Sequence[int], n_devices: int,
+                       ready_s: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(start, end) seconds of every workload when each device runs its workloads back to back
-    (in index order) beside the others, each slowed by what its neighbours run *at that moment*.
+    (in index order, none before its ``ready_s``, default 0) beside the others, each slowed by
+    what its neighbours run *at that moment*.
 
     Workload i alone takes ``alone_s[i]``; beside neighbours whose workloads have pressures
     P_j (``ColocationFactors.pressure_of``) it progresses at rate 1 / (1 + ``sensitivity[i]`` x
     min(1, sum of P_j)), its sensitivity being the time-weighted mean over its kernels of
     (stream ratio - 1) (``ColocationFactors.factor`` at pressure 1, minus 1). The rates change
-    whenever a workload starts or ends: an event simulation, one event per workload end, so it
-    ends after at most len(alone_s) steps."""
+    whenever a workload starts or ends: an event simulation (processor sharing with a rate per
+    workload), one event per start or end, so it ends after at most 2 x len(alone_s) steps."""
     alone = np.asarray(alone_s, dtype=np.float64)
-    sens = np.asarray(sensitivity, dtype=np.float64)
+    sens = np.maximum(np.asarray(sensitivity, dtype=np.float64), -0.99)  # a rate stays finite
     pres = np.asarray(pressure, dtype=np.float64)
     where = np.asarray(device_of, dtype=np.int64)
     n = len(alone)
-    if not (sens.shape == pres.shape == where.shape == (n,)):
-        raise ValueError(f"alone_s, sensitivity, pressure and device_of must have one entry per workload ({n}), got "
-                         f"{sens.shape}, {pres.shape}, {where.shape}")
-    if n and (np.any(alone < 0) or np.any(pres < 0) or np.any(where < 0) or np.any(where >= n_devices)):
-        raise ValueError(f"alone_s and pressure must be >= 0 and device_of in [0, {n_devices})")
+    ready = np.zeros(n) if ready_s is None else np.asarray(ready_s, dtype=np.float64)
+    if not (sens.shape == pres.shape == where.shape == ready.shape == (n,)):
+        raise ValueError(f"alone_s, sensitivity, pressure, device_of and ready_s must have one entry per workload ({n}), "
+                         f"got {sens.shape}, {pres.shape}, {where.shape}, {ready.shape}")
+    if n and (np.any(alone < 0) or np.any(pres < 0) or np.any(where < 0) or np.any(where >= n_devices)
+              or not np.all(np.isfinite(ready))):
+        raise ValueError(f"alone_s and pressure must be >= 0, ready_s finite and device_of in [0, {n_devices})")
     queues = [list(np.flatnonzero(where == d)) for d in range(n_devices)]
     start, end = np.full(n, np.nan), np.full(n, np.nan)
-    left = alone.copy()
-    t = 0.0
     for q in queues:
         if q:
-            start[q[0]] = 0.0
-    for _ in range(n + 1):  # every pass ends at least one workload
-        running = [q[0] for q in queues if q]
-        if not running:
+            start[q[0]] = ready[q[0]]
+    left = alone.copy()
+    t = float(ready.min()) if n else 0.0
+    for _ in range(2 * n + 2):  # every pass starts or ends at least one workload
+        heads = [q[0] for q in queues if q]
+        if not heads:
             break
+        running = [i for i in heads if start[i] <= t]
         total = sum(pres[i] for i in running)
-        rate = {i: 1.0 / (1.0 + max(sens[i], -0.99) * min(1.0, total - pres[i])) for i in running}
-        dt = min(left[i] / rate[i] for i in running)
-        t += dt
-        for d, q in enumerate(queues):
-            if not q:
-                continue
-            i = q[0]
-            left[i] -= rate[i] * dt
-            if left[i] <= 1e-12 * max(alone[i], 1.0):
-                end[i] = t
-                q.pop(0)
+        rate = {i: 1.0 / (1.0 + sens[i] * min(1.0, total - pres[i])) for i in running}
+        t_next = min([t + left[i] / rate[i] for i in running] + [start[i] for i in heads if start[i] > t])
+        for i in running:
+            left[i] -= rate[i] * (t_next - t)
+        t = t_next
+        for q in queues:
+            if q and q[0] in rate and left[q[0]] <= 1e-12 * max(alone[q[0]], 1.0):
+                end[q.pop(0)] = t
                 if q:
-                    start[q[0]] = t
+                    start[q[0]] = max(t, ready[q[0]])
     return start, end
 
 
@@ -156,7 +158,9 @@ def overlapped_seconds(alone_s: Sequence[float], colocated_s: Sequence[float],
     """[W] seconds each rank's local work takes from its own start (``start_s``, default all 0):
     ``alone_s[r]`` of work done at rate alone/colocated while at least two ranks are busy and
     at rate 1 while rank r is the only one. Equal starts and equal work give ``colocated_s``;
-    one rank's work alone gives ``alone_s``."""
+    one rank's work alone gives ``alone_s``. ``contended_timeline`` with one workload per rank,
+    each of pressure 1 and sensitivity colocated/alone - 1 (so any busy neighbour slows it by
+    the measured twin's ratio)."""
     alone = np.asarray(alone_s, dtype=np.float64)
     coloc = np.asarray(colocated_s, dtype=np.float64)
     start = np.zeros_like(alone) if start_s is None else np.asarray(start_s, dtype=np.float64)
@@ -165,22 +169,10 @@ def overlapped_seconds(alone_s: Sequence[float], colocated_s: Sequence[float],
                          f"{alone.shape}, {coloc.shape}, {start.shape}")
     if np.any(alone < 0) or np.any(coloc < 0):
         raise ValueError("alone_s and colocated_s must be >= 0 seconds")
-    slow = np.divide(alone, coloc, out=np.ones_like(alone), where=coloc > 0)  # rate while co-running
-    left, done = alone.copy(), np.where(alone <= 0, start, np.nan)
-    t = float(start.min()) if len(start) else 0.0
-    for _ in range(4 * len(alone) + 4):  # every pass starts or finishes a rank: bounded
-        busy = (start <= t) & np.isnan(done)
-        if not np.isnan(done).any():
-            break
-        rate = np.where(busy, slow if busy.sum() >= 2 else 1.0, 0.0)
-        finish = np.where(busy & (rate > 0), t + left / np.where(rate > 0, rate, 1.0), np.inf)
-        arrive = np.where(start > t, start, np.inf)
-        t_next = float(min(finish.min(), arrive.min()))
-        left = np.maximum(left - rate * (t_next - t), 0.0)
-        t = t_next
-        ended = busy & (left <= 1e-15 * np.maximum(alone, 1.0))
-        done[ended] = t
-    return done - start
+    ratio = np.divide(coloc, alone, out=np.ones_like(alone), where=(alone > 0) & (coloc > 0))
+    W = len(alone)
+    began, done = contended_timeline(alone, ratio - 1.0, np.ones(W), np.arange(W), W, ready_s=start)
+    return done - began
 
 
 def resolve_colocation(mode: str, profile: Any, *, measuring: bool, cores: Sequence[int] | None = None,

@@ -297,6 +297,10 @@ def test_a_contended_timeline_slows_each_workload_by_what_runs_beside_it_then():
     assert end2[0] == pytest.approx(1.0 + (1.0 - 1.0 / 1.7))
     _, alone = contended_timeline([3.0], [1.0], [1.0], [0], 2)
     assert alone[0] == pytest.approx(3.0)
+    # a workload never starts before it is ready: device 0 idles from 1 s to 3 s, then runs its second
+    start_r, end_r = contended_timeline([1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [0, 0], 1, ready_s=[0.0, 3.0])
+    np.testing.assert_allclose(start_r, [0.0, 3.0])
+    np.testing.assert_allclose(end_r, [1.0, 4.0])
     with pytest.raises(ValueError, match="one entry per workload"):
         contended_timeline([1.0], [0.1, 0.2], [0.0], [0], 1)
     with pytest.raises(ValueError, match=re.escape("device_of in [0, 2)")):
