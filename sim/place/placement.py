@@ -261,20 +261,23 @@ class Placement:
 # ----------------------------------------------------------------------------- costs
 
 
-def pool_pressure(workloads: Sequence[PlacementWorkload], device: Device, level: str) -> float | None:
+def pool_pressure(workloads: Sequence[PlacementWorkload], device: Device, level: str,
+                  batch: Any = None) -> float | None:
     """The pressure (``costmodel.colocation.ColocationFactors.pressure_of``) of a typical neighbour
     of ``device``: every workload of the pool run back to back, timed by ``level`` on the
     device's own model alone. Which workloads a neighbour will run is what the placement
     decides, so the cost of a workload on a device cannot depend on it (the MILP's costs are
     fixed); the pool's rate of memory traffic is what a neighbour runs on average. None when
-    the device has no co-location factors measured beside the stream neighbour."""
+    the device has no co-location factors measured beside the stream neighbour. ``batch``: the
+    pool's traces already featurised (``TraceBatch.from_traces``), when the caller has them."""
     from costmodel.colocation import neighbour_pressure
     from sim.predict.simulator import predict_traces
 
     if device.colocation is None or not device.colocation.has_stream:
         return None
     traces = [w.trace for w in workloads]
-    busy_s = float(predict_traces(device._fitted(), traces, [level], quiet=True)[f"pred_{level}_s"].sum())
+    busy_s = float(predict_traces(device._fitted(), traces if batch is None else batch, [level],
+                                  quiet=True)[f"pred_{level}_s"].sum())
     return neighbour_pressure(device.colocation, traces, busy_s)
 
 
@@ -358,7 +361,7 @@ def cost_matrix(workloads: Sequence[PlacementWorkload], devices: Sequence[Device
                     def times(traces: Sequence[Sequence[KernelSpec]], model: CostModel = model) -> dict[str, np.ndarray]:
                         return {predict: predict_traces(model, traces, [predict], quiet=True)[f"pred_{predict}_s"].to_numpy()}
 
-                    pressure = pool_pressure(workloads, dev, predict)
+                    pressure = pool_pressure(workloads, dev, predict, batch)
                     by_model[key] = colocated_kernel_times(times, dev.colocation, pressure=pressure)(
                         [w.trace for w in workloads])[predict]
             cost[:, d] = by_model[key]
