@@ -35,6 +35,9 @@ how many kernels were timed and how fast against the profile. Paired runs time n
 references. ``details.l3_over_measured`` (rows with a ``backend``): per backend, the median
 and the 10th/90th percentiles of held-out L3 predicted / measured: APE hides the sign.
 
+``details.run`` says which code the run measured and when (``experiments.run_provenance``:
+commit, whether the code differed from it, the UTC time the summary was written).
+
 With ``measure=false`` (predict only) the schema is the same: ``n_points`` counts the
 predicted rows, every error, ``spearman`` and ``noise_cv_pct`` are null, and
 ``details.measured`` is false (true otherwise).
@@ -57,6 +60,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from costmodel.cli.console import make_console  # noqa: E402
+from experiments.run_provenance import run_provenance  # noqa: E402
 from rich.table import Table  # noqa: E402
 from scipy.stats import spearmanr  # noqa: E402
 
@@ -340,7 +344,7 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
         lv: _clean(spearmanr(df[f"pred_{lv}_s"], df["measured_s"]).statistic) if df[f"pred_{lv}_s"].nunique() > 1 else None
         for lv in levels
     }
-    out["details"] = {"measured": True, **dict(details or {})}
+    out["details"] = {"measured": True, "run": run_provenance(), **dict(details or {})}
     if df.attrs.get("profile_drift") and "profile_drift" not in out["details"]:  # set by evaluate_workloads
         out["details"]["profile_drift"] = df.attrs["profile_drift"]
     if df.attrs.get("freshness") and "freshness" not in out["details"]:  # the check before the run
@@ -393,7 +397,7 @@ def predict_only_summary(name: str, device: str, df: pd.DataFrame, *, levels: Se
     empty = {lv: None for lv in levels}
     return {"experiment": name, "device": device, "n_points": int(len(df)), "noise_cv_pct": None,
             "median_ape_pct": dict(empty), "p90_ape_pct": dict(empty), "max_ape_pct": dict(empty),
-            "spearman": dict(empty), "details": {"measured": False, **dict(details or {})}}
+            "spearman": dict(empty), "details": {"measured": False, "run": run_provenance(), **dict(details or {})}}
 
 
 def write_outputs(out: Path, df: pd.DataFrame, summ: Mapping[str, Any]) -> None:

@@ -10,14 +10,17 @@ history); the manifest says where each came from. Columns:
 - ``machine``, ``run``: the folder ``results/<machine>/<run>/``;
 - ``experiment``: ``summary.json``'s ``experiment``;
 - ``command``: the Hydra overrides of ``.hydra/overrides.yaml`` as a ``python -m sim`` line
-  when the folder has one, else the command the previous manifest recorded, else
-  ``python -m sim experiment=NAME`` from the summary;
-- ``commit``: the code commit the run measured, where anything records it (a summary's
-  ``commit`` or ``details.commit``, else the previous manifest), else empty;
+  when the folder has one (the previous manifest's command where it contains that line and
+  says more, e.g. "in a fresh clone, after make test"), else the command the previous
+  manifest recorded, else ``python -m sim experiment=NAME`` from the summary;
+- ``commit``: the code commit the run measured: ``details.run.commit`` (written by every
+  experiment since ``experiments.run_provenance``; ``-dirty`` appended where the code differed
+  from it), else a summary's ``commit`` or ``details.commit``, else the previous manifest;
 - ``profile_fingerprint``: ``details.model_profile``, else the summary's ``device``;
-- ``date``: when git last changed the run's ``summary.json`` (else the folder):
-  ``git log -1 --format=%cI -- <path>``, so dropping ``.hydra`` copies or renaming nothing
-  else moves it; outside git, the newest file's modification time;
+- ``date``: when the run finished, ``details.run.finished_at``; for older runs the previous
+  manifest's date, else when git last changed the run's ``summary.json`` (else the folder): ``git log -1 --format=%cI -- <path>``,
+  so dropping ``.hydra`` copies or renaming nothing else moves it; outside git, the newest
+  file's modification time;
 - ``scoring``: ``details.scoring`` (``held-out``, ``replay``, ``lookup``); runs from before
   held-out scoring: ``replay (pre-held-out)`` when ``details.paired`` exists, else ``lookup``;
 - ``median_L3_ape_pct``, ``p90_L3_ape_pct``, ``max_L3_ape_pct``: the summary's top-level L3
@@ -25,8 +28,9 @@ history); the manifest says where each came from. Columns:
 - ``quoted``: the files of the folder that README.md or docs/*.md name (``(folder)`` where
   they name the folder itself).
 
-Values the folder cannot give (a command or commit of a run whose ``.hydra`` was dropped)
-are kept from the previous manifest, so hand-filled cells survive a rerun.
+Values the folder cannot give (a command or commit of a run whose ``.hydra`` was dropped, the
+scoring and errors of a folder without a summary, such as a fit report) are kept from the
+previous manifest, so hand-filled cells survive a rerun; ``quoted`` is always recomputed.
 
 ``--aggregate OUT RUN...`` gathers the per-point columns that ``scripts/noise_floor.py``
 reads from several runs' ``results.csv`` into one CSV with a ``run`` column (the inputs of
@@ -48,8 +52,9 @@ from typing import Any, Iterable
 
 COLUMNS = ["machine", "run", "experiment", "command", "commit", "profile_fingerprint", "date", "scoring",
            "median_L3_ape_pct", "p90_L3_ape_pct", "max_L3_ape_pct", "quoted"]
-#: columns kept from the previous manifest when the folder itself cannot give them
-KEPT_FROM_PREVIOUS = ("experiment", "command", "commit")
+#: columns kept from the previous manifest when the folder itself cannot give them (empty)
+KEPT_FROM_PREVIOUS = ("experiment", "command", "commit", "profile_fingerprint", "scoring",
+                      "median_L3_ape_pct", "p90_L3_ape_pct", "max_L3_ape_pct")
 #: the per-point columns of a results.csv that the noise floors read (plus the run and the experiment)
 NOISE_COLUMNS = ["label", "param", "value", "backend", "measured_s", "measured_iqr_s", "round_cv", "rounds_timed",
                  "pred_L0_s", "pred_L2_s", "pred_L3_s", "ape_L3_pct"]
@@ -98,9 +103,18 @@ def scoring_of(summary: dict[str, Any]) -> str:
     details = summary.get("details") or {}
     if details.get("scoring"):
         return str(details["scoring"])
-    if not summary:
+    if "median_ape_pct" not in summary:  # no summary, or not an experiment's (a script's own)
         return ""
     return "replay (pre-held-out)" if "paired" in details else "lookup"
+
+
+def commit_of(summary: dict[str, Any]) -> str:
+    """``details.run.commit`` (``-dirty`` where the code differed), else an older summary's commit, else ''."""
+    details = summary.get("details") or {}
+    run = details.get("run") or {}
+    if run.get("commit"):
+        return str(run["commit"]) + ("-dirty" if run.get("dirty") else "")
+    return str(summary.get("commit") or details.get("commit") or "")
 
 
 def _l3(summary: dict[str, Any], key: str) -> str:
@@ -139,8 +153,11 @@ def manifest_rows(results: Path, previous: dict[tuple[str, str], dict[str, str]]
             old = previous.get((machine_dir.name, run_dir.name), {})
             overrides = read_overrides(run_dir)
             experiment = summary.get("experiment") or old.get("experiment", "")
+            run = details.get("run") or {}
             if overrides is not None:
                 command = command_from_overrides(overrides)
+                if command in old.get("command", ""):
+                    command = old["command"]  # the same command, with the context written beside it
             elif old.get("command"):
                 command = old["command"]
             elif experiment:
@@ -152,15 +169,16 @@ def manifest_rows(results: Path, previous: dict[tuple[str, str], dict[str, str]]
                 "run": run_dir.name,
                 "experiment": experiment,
                 "command": command,
-                "commit": str(summary.get("commit") or details.get("commit") or old.get("commit", "")),
+                "commit": commit_of(summary),
                 "profile_fingerprint": str(details.get("model_profile") or summary.get("device") or ""),
-                "date": git_date(summary_path if summary_path.is_file() else run_dir),
+                "date": run.get("finished_at") or old.get("date") or git_date(summary_path if summary_path.is_file() else run_dir),
                 "scoring": scoring_of(summary),
                 "median_L3_ape_pct": _l3(summary, "median_ape_pct"),
                 "p90_L3_ape_pct": _l3(summary, "p90_ape_pct"),
                 "max_L3_ape_pct": _l3(summary, "max_ape_pct"),
                 "quoted": quoted_files(repo_root, machine_dir.name, run_dir.name),
             })
+            rows[-1].update({c: old[c] for c in KEPT_FROM_PREVIOUS if not rows[-1][c] and old.get(c)})
     return rows
 
 

@@ -88,6 +88,33 @@ def test_hand_filled_cells_survive_a_rerun_and_a_folder_without_summary_is_liste
     assert again[1]["command"] == "python -m sim experiment=moe_skew"
 
 
+def test_a_runs_own_provenance_gives_commit_and_date_and_hand_context_is_kept(tmp_path):
+    run_info = {"commit": "1234567", "dirty": True, "finished_at": "2026-12-05T09:09:00+00:00"}
+    _run(tmp_path, "cpu", "moe_a", _summary("moe_skew", {"run": run_info, "scoring": "held-out"}, (3.0, 7.0, 9.0)),
+         overrides=["experiment=moe_skew"])
+    _run(tmp_path, "cpu", "old_b", _summary("gnn_degree", {"scoring": "held-out"}, (4.0, 8.0, 10.0)),
+         overrides=["experiment=gnn_degree"])
+    (tmp_path / "results" / "cpu" / "fit_report").mkdir()
+    (tmp_path / "results" / "cpu" / "fit_report" / "fit_report.txt").write_text("x\n")
+    first = manifest.write_manifest(tmp_path / "results", repo_root=tmp_path)
+    assert [r["run"] for r in first] == ["fit_report", "moe_a", "old_b"]
+    assert (first[1]["commit"], first[1]["date"]) == ("1234567-dirty", "2026-12-05T09:09:00+00:00")
+    first[0].update(scoring="held-out (kernels)", median_L3_ape_pct="8.82", profile_fingerprint="cpu-x")
+    first[1]["command"] = "make run (python -m sim experiment=moe_skew) in a fresh clone"
+    first[1]["date"] = "2020-01-01T00:00:00+00:00"  # a stale hand edit: the run's own time wins
+    first[2]["date"] = "2026-12-02T17:32:11+00:00"  # an older run's time, filled by hand: kept
+    first[2]["command"] = "python -m sim experiment=mlp_batch (a different command)"
+    manifest.write_csv(first, tmp_path / "results" / "MANIFEST.csv", manifest.COLUMNS)
+
+    again = manifest.write_manifest(tmp_path / "results", repo_root=tmp_path)
+    fit, moe, old = again
+    assert (fit["scoring"], fit["median_L3_ape_pct"], fit["profile_fingerprint"]) == ("held-out (kernels)", "8.82", "cpu-x")
+    assert moe["command"] == "make run (python -m sim experiment=moe_skew) in a fresh clone"
+    assert moe["date"] == "2026-12-05T09:09:00+00:00"
+    assert old["date"] == "2026-12-02T17:32:11+00:00"
+    assert old["command"] == "python -m sim experiment=gnn_degree"  # the folder's overrides, not another command
+
+
 def test_noise_floor_inputs_aggregate_and_explode_back(tmp_path):
     a = _run(tmp_path, "cpu", "moe_a", _summary("moe_skew", {}, (1.0, 2.0, 3.0)))
     b = _run(tmp_path, "cpu", "moe_b", _summary("moe_skew", {}, (1.0, 2.0, 3.0)))

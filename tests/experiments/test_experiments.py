@@ -53,6 +53,7 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
     assert set(summary) == SUMMARY_KEYS and summary["experiment"] == name
     written = json.loads((out / "summary.json").read_text())
     assert written["n_points"] == summary["n_points"] > 0
+    assert set(written["details"]["run"]) == {"commit", "dirty", "finished_at"}  # which code, when
     assert set(written["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
     assert (out / "results.csv").stat().st_size > 0
     assert list(out.glob("*.png"))
