@@ -13,6 +13,9 @@ and measured latencies, then run every placement for real and compare the makesp
    count, pinned to cores) is calibrated on first use for its fingerprint (threads are part
    of it) and every workload is measured on it, pinned, in interleaved rounds, from cold
    caches (``evaluate_workloads``): per workload and device, L0-L3 predicted and measured.
+   Predictions are held out (``experiments.workloads.heldout_for``: each profile's models
+   refitted once without any kernel of the mix), and the levels place by those models; the
+   profile lookup (profiled kernels by their measurement) is scored beside them.
 3. ``sim.place.placement.place`` by each level in ``placement.levels`` and by the oracle (the
    measured latencies): predicted makespan, realised makespan (the placement's makespan
    under the measured latencies) and regret against the oracle's realised makespan.
@@ -54,8 +57,9 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import (  # noqa: E402
     calibration_options, check_common, config_dict, console, output_dir, print_summary, print_table, summary,
 )
-from experiments.workloads import evaluate_workloads  # noqa: E402
+from experiments.workloads import ape_summary, evaluate_workloads, heldout_for  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
+from sim.predict.paired import distinct_kernels  # noqa: E402
 from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
 from sim.place.placement import (  # noqa: E402
     SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, contended_makespan,
@@ -285,6 +289,17 @@ def validate(cfg: Any) -> tuple[list[dict[str, Any]], list[PlacementWorkload], d
     return settings, workloads, memory
 
 
+def scored_attrs(per_device: pd.DataFrame, frames: Sequence[pd.DataFrame], heldouts: Mapping[str, Any], *,
+                 rounds: int) -> dict[str, Any]:
+    """The scorings of the workload-device table (``pd.concat`` keeps no attrs of frames that differ):
+    held out (the headline), the profile lookup beside it (L3 by measurement where profiled, L0-L2
+    as held out), and per profile its held-out fit."""
+    lookup = per_device.assign(pred_L3_s=per_device["pred_lookup_L3_s"], ape_L3_pct=per_device["ape_lookup_L3_pct"])
+    return {"rounds": rounds, "scoring": "held-out", "profile_lookup": ape_summary(lookup),
+            "heldout": {**next(iter(frames)).attrs["heldout"],
+                        "per_profile": {fp: h.to_dict() for fp, h in heldouts.items()}}}
+
+
 def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dict[str, Any]:
     """``plan``: what ``validate(cfg)`` returned (the entry point's one check), else validated here."""
     cfg = config_dict(cfg)
@@ -299,7 +314,9 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     # --- calibrate and measure every device, pinned, with its own thread count
     runnable = [Workload(w.name, w.trace, w.factory.build(rt0.device), {"workload": w.name, **w.columns})
                 for w in workloads]
+    traces = [w.trace for w in workloads]
     models: dict[str, CostModel] = {}
+    heldouts: dict[str, Any] = {}  # per profile: models refitted without any kernel of the mix (the headline)
     devices: list[Device] = []
     frames, drifts = [], {}
     for s in settings:
@@ -309,19 +326,21 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
             if fp not in models:
                 console.print(f"device {s['name']}: {s['threads']} thread(s) on cores {s['cores']}, profile {fp}")
                 models[fp] = calibrated_model(rt, suite, suite_name="placement", progress=progress,
-                                              **calibration_options(cfg))
+                                              heldout=distinct_kernels(traces), **calibration_options(cfg))
+                heldouts[fp] = heldout_for(rt, models[fp], traces, what="placement")
             model = models[fp]
-            df = evaluate_workloads(model, runnable, device=rt.device, timing=rt.timing,
+            df = evaluate_workloads(model, runnable, device=rt.device, timing=rt.timing, heldout=heldouts[fp],
                                     references=drift_references(rt, suite), progress=progress,
                                     description=f"measure workloads on {s['name']}",
                                     peak_flops_per_s=model.ceilings["peak_flops_per_s"])
         drifts[s["name"]] = df.attrs.get("profile_drift") or {}
         frames.append(df.assign(device=s["name"], threads=s["threads"], memory_bytes=[w.memory_bytes for w in workloads]))
-        devices.append(Device(s["name"], model, memory[s["name"]], s["cores"]))
+        # every level places by the held-out models: a placement is a prediction about work not yet run
+        devices.append(Device(s["name"], heldouts[fp].model, memory[s["name"]], s["cores"]))
     del runnable
     gc.collect()
     per_device = pd.concat(frames, ignore_index=True)
-    per_device.attrs["rounds"] = rt0.timing.rounds
+    per_device.attrs = scored_attrs(per_device, frames, heldouts, rounds=rt0.timing.rounds)
 
     # --- place by every level and by the measured latencies
     measured = per_device.pivot(index="label", columns="device", values="measured_s").loc[

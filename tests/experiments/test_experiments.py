@@ -66,7 +66,7 @@ def test_tiny_experiment_writes_every_output(name, shared_profile, tmp_path, mon
         assert paired["kernels"] > 0 and paired["rows"] == paired["kernels"]  # timing.rounds=1: one row each
         assert "profile_drift" not in written["details"]  # no separate references in a paired run
         assert set(written["details"]["replay"]) >= {"median_ape_pct", "p90_ape_pct", "max_ape_pct"}
-    if name not in ("roofline", "placement"):  # every measuring experiment's headline is held out
+    if name != "roofline":  # every measuring experiment's headline is held out (placement's too)
         details = written["details"]
         assert details["scoring"] == "held-out" and details["heldout"]["scored"]
         assert details["heldout"]["excluded_kernels"] > 0 and details["heldout"]["fitted_rows"] > 0
@@ -95,6 +95,7 @@ def _check_placement_outputs(summary, out):
         assert (out / f"gantt_{level}.png").exists()
     assert placement["oracle"]["regret_pct"] == 0 and placement["oracle"]["same_placement_as_oracle"]
     assert summary["details"]["concurrent"] is True
+    assert summary["details"]["heldout"]["per_profile"]  # the levels placed by models refitted without the mix
     assert summary["n_points"] == 4 * 2  # workload x device rows behind the common schema
     results = pd.read_csv(out / "results.csv")
     assert len(results) == 4 * 2 * 4
