@@ -55,7 +55,9 @@ MIN_ROWS_TO_FIT = 10
 #:    the fitted range (chosen on a nested extrapolation split).
 #: 7: extrapolators "edge" (the largest kernels' efficiency) and "roofline"; an extrapolator
 #:    replaces the in-range form only when 10% better on the nested split.
-MODEL_VERSION = 7
+#: 8: top-k's CPU selection path (ATen's partial sort when k*64 <= cols, else nth_element)
+#:    as a feature.
+MODEL_VERSION = 8
 
 
 class StaleModelError(RuntimeError):
