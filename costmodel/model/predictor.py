@@ -57,7 +57,9 @@ MIN_ROWS_TO_FIT = 10
 #:    replaces the in-range form only when 10% better on the nested split.
 #: 8: top-k's CPU selection path (ATen's partial sort when k*64 <= cols, else nth_element)
 #:    as a feature.
-MODEL_VERSION = 8
+#: 9: sort's CPU path (FBGEMM's radix sort for >= 32,768 integer keys, else std::stable_sort)
+#:    as a feature.
+MODEL_VERSION = 9
 
 
 class StaleModelError(RuntimeError):
