@@ -20,7 +20,7 @@ from rich.table import Table
 
 from costmodel.cli.plots import roofline_plot
 from costmodel.measure.runtime import Runtime
-from costmodel.model.evaluation import evaluate_split, extrapolation_split, heldout_split
+from costmodel.model.evaluation import evaluate_folds, evaluate_split, extrapolation_split, heldout_folds
 from costmodel.model.models import make_levels
 from costmodel.model.predictor import CostModel, LEVELS, training_table
 from costmodel.store.profile import DeviceProfile
@@ -54,12 +54,13 @@ def report_table(report: dict[str, Any], title: str) -> Table:
     return table
 
 
-def evaluate_profile(profile: DeviceProfile, *, test_size: float, quantile: float, cv_folds: int, seed: int) -> dict[str, Any]:
-    """The fit_report.json content for a profile."""
+def evaluate_profile(profile: DeviceProfile, *, folds: int, quantile: float, cv_folds: int,
+                     seed: int) -> dict[str, Any]:
+    """The fit_report.json content for a profile: every shape held out once (grouped K-fold),
+    then the extrapolation split."""
     X, y, ceilings = training_table(profile)
     levels = make_levels(ceilings, cv_folds=cv_folds)
-    train, test = heldout_split(X, test_size=test_size, seed=seed)
-    report: dict[str, Any] = evaluate_split(levels, X, y, train, test)
+    report: dict[str, Any] = evaluate_folds(levels, X, y, heldout_folds(X, folds=folds, seed=seed))
     train, test = extrapolation_split(X, quantile=quantile)
     report["extrapolation"] = evaluate_split(levels, X, y, train, test)
     return report
@@ -94,7 +95,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
         console.print(f"all {rows} rows of measurements.csv are valid")
     start = time.perf_counter()
     report = evaluate_profile(
-        profile, test_size=float(cfg.fit.test_size), quantile=float(cfg.fit.extrapolation_quantile),
+        profile, folds=cfg.fit.heldout_folds, quantile=float(cfg.fit.extrapolation_quantile),
         cv_folds=int(cfg.fit.cv_folds), seed=rt.seed,
     )
     model = CostModel.fit_profile(profile, cv_folds=int(cfg.fit.cv_folds))
@@ -105,7 +106,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     (out / "fit_report.json").write_text(json.dumps({**report, "extrapolation": extrapolation}, indent=2) + "\n")
     frame = profile.kernels()
     roofline_plot(frame, model.ceilings, out / "roofline.png", title=f"measured kernels on {profile.fingerprint.device_name}")
-    console.print(report_table(report, "held-out shapes (grouped split); noise floor = median APE of a perfect model"))
+    console.print(report_table(report, f"held-out shapes (grouped {cfg.fit.heldout_folds}-fold: every shape predicted once by a model that never saw it); noise floor = median APE of a perfect model"))
     console.print(report_table(extrapolation, "extrapolation (shapes larger than any in training)"))
     forms = ", ".join(f"{f}: {m}" for f, m in model.meta["l3_form"].items())
     console.print(f"L3 form per family (chosen by grouped CV): {forms}")

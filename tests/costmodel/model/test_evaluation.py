@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costmodel.model.evaluation import (extrapolation_split, heldout_split, max_ape_within_prob, metrics,
+from costmodel.model.evaluation import (extrapolation_split, heldout_folds, max_ape_within_prob, metrics,
                                   noise_floor_max_ape_pct)
 from costmodel.families.gemm import GemmSpec
 from costmodel.families.scatter import ScatterSpec
@@ -53,8 +53,22 @@ def test_grouped_split_keeps_backends_of_one_shape_together():
     X = kernel_table(specs)
     groups = shape_groups(X)
     assert len(set(groups)) == 8
-    train, test = heldout_split(X, test_size=0.25, seed=0)
-    assert len(test) > 0 and not set(groups[train]) & set(groups[test])
+    splits = heldout_folds(X, folds=4, seed=0)
+    assert len(splits) == 4
+    for train, test in splits:
+        assert len(test) > 0 and not set(groups[train]) & set(groups[test])
+    # every row is held out exactly once, and each fold gets 2 of the 8 shapes
+    tested = np.concatenate([test for _, test in splits])
+    assert sorted(tested) == list(range(len(X)))
+    assert [len(set(groups[test])) for _, test in splits] == [2, 2, 2, 2]
+
+
+def test_heldout_folds_leave_small_families_in_training_and_reject_bad_fold_counts():
+    X = kernel_table([GemmSpec(m, 64, 64) for m in (1, 2, 4)])  # 3 shapes < MIN_TEST_GROUPS
+    assert all(len(test) == 0 and len(train) == 3 for train, test in heldout_folds(X, folds=2, seed=0))
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(ValueError, match="fit.heldout_folds must be an integer >= 2"):
+            heldout_folds(X, folds=bad, seed=0)
 
 
 def test_extrapolation_split_tests_only_larger_shapes():
