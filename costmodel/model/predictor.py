@@ -59,7 +59,8 @@ MIN_ROWS_TO_FIT = 10
 #:    as a feature.
 #: 9: sort's CPU path (FBGEMM's radix sort for >= 32,768 integer keys, else std::stable_sort)
 #:    as a feature.
-MODEL_VERSION = 9
+#: 10: elementwise's integer data as a feature.
+MODEL_VERSION = 10
 
 
 class StaleModelError(RuntimeError):
