@@ -26,6 +26,11 @@ def elem_bytes(t: pd.DataFrame) -> np.ndarray:
     return t["dtype"].map(DTYPE_BYTES).to_numpy(dtype=np.float64)
 
 
+def integer_dtype(t: pd.DataFrame) -> np.ndarray:
+    """1.0 where the row's ``dtype`` is an integer type (int32, int64), else 0.0."""
+    return t["dtype"].astype(str).str.startswith("int").to_numpy().astype(np.float64)
+
+
 def onehot(values: pd.Series, choices: Iterable[str], prefix: str) -> dict[str, np.ndarray]:
     v = values.astype(str).to_numpy()
     return {f"{prefix}_{c}": (v == c).astype(np.float64) for c in choices}

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from costmodel.families.aten_map import Entry, OpCall, Unmappable, aten, dtype_name, register, spec_dtype
-from costmodel.families.columns import column, log10, onehot
+from costmodel.families.columns import column, integer_dtype, log10, onehot
 from costmodel.families.descriptor import FLOAT_DTYPES, KernelSpec, check_choice, check_positive
 from costmodel.families.inputs import randn
 from costmodel.families.registry import SuiteContext, grid, register_family
@@ -131,7 +131,7 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
     split at GRAIN_SIZE (TensorIterator's ``for_each``) moved the held-out medians by half a point at
     most, and the Intel extrapolation from 11.5 to 16-18%: it is not used."""
     return {"log_numel": log10(column(t, "numel")), **onehot(t["op"], tuple(ELEMENTWISE_OPS), "op"),
-            "int_dtype": t["dtype"].astype(str).str.startswith("int").to_numpy().astype(np.float64)}
+            "int_dtype": integer_dtype(t)}
 
 
 # ----------------------------------------------------------------------------- aten ops

@@ -10,7 +10,7 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, aten, register, spec_dtype
-from costmodel.families.columns import column, log10
+from costmodel.families.columns import column, integer_dtype, log10
 from costmodel.families.descriptor import FLOAT_DTYPES, INDEX_BYTES, KernelSpec, check_positive
 from costmodel.families.inputs import randn
 from costmodel.families.registry import SuiteContext, grid, register_family
@@ -88,8 +88,7 @@ def uses_radix_sort(n_dtype: pd.DataFrame, device_kind: str) -> np.ndarray:
     0.0; all 0.0 off the CPU (CUDA sorts by its own radix sort at every size)."""
     if device_kind != "cpu":
         return np.zeros(len(n_dtype))
-    is_int = n_dtype["dtype"].astype(str).str.startswith("int").to_numpy()
-    return (is_int & (column(n_dtype, "n") >= CPU_RADIX_SORT_MIN_KEYS)).astype(np.float64)
+    return integer_dtype(n_dtype) * (column(n_dtype, "n") >= CPU_RADIX_SORT_MIN_KEYS)
 
 
 def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarray]:
