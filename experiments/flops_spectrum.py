@@ -31,7 +31,7 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import evaluate_workloads, heldout_for  # noqa: E402
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.predict.calibration import aggregation_suite, calibrated_model, gemm_suite, moe_suite, drift_references, small_op_suite  # noqa: E402
 from sim.workloads.graphs import degree_stats, rmat  # noqa: E402
 from sim.workloads.gnn_layer import GNNConfig  # noqa: E402
@@ -197,7 +197,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     out = output_dir(cfg, out_dir)
     workloads, suite = build_workloads(cfg, rt)
     model = calibrated_model(rt, suite, suite_name="flops_spectrum", progress=bool(cfg.get("progress", True)),
-                             heldout=distinct_kernels([w.trace for w in workloads]), **calibration_options(cfg))
+                             heldout=trace_kernels([w.trace for w in workloads]), **calibration_options(cfg))
     heldout = heldout_for(rt, model, [w.trace for w in workloads], what="flops_spectrum")
     df = evaluate_workloads(model, workloads, device=rt.device, timing=rt.timing, heldout=heldout,
                             references=drift_references(rt, suite), description="measure workloads",

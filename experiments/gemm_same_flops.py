@@ -27,7 +27,7 @@ from experiments.common import calibration_options, check_common, config_dict, c
 from experiments.workloads import evaluate_workloads, heldout_for  # noqa: E402
 from sim.workloads.workload import Workload  # noqa: E402
 from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references, gemm_suite  # noqa: E402
 
 
@@ -65,7 +65,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     suite = gemm_suite([s for _, _, s in shapes])
     model = calibrated_model(rt, suite, suite_name="gemm_same_flops",
                              progress=bool(cfg.get("progress", True)),
-                             heldout=distinct_kernels([[s] for _, _, s in shapes]), **calibration_options(cfg))
+                             heldout=trace_kernels([[s] for _, _, s in shapes]), **calibration_options(cfg))
     ceilings = model.ceilings
     workloads = [
         Workload(f"{name} {s.m}x{s.k}x{s.n}", [s], make_runner(s, rt.device, seed=rt.seed),

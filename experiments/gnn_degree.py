@@ -33,7 +33,7 @@ from experiments.common import (  # noqa: E402
 from experiments.workloads import (  # noqa: E402
     kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.workloads.backends import gnn_backend  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references, fitted_model, gnn_suite  # noqa: E402
 from sim.workloads.gnn_layer import GNNConfig, GNNLayer, GraphPlan, backend_unavailable_reason, gnn_trace  # noqa: E402
@@ -156,7 +156,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                 "backend": c.backend, **st, "width": c.agg_width, "model_flops": c.useful_flops(plan.num_edges)}))
     if measuring:  # the layers' traces are known first: calibration keeps them out of the held-out evidence
         model = calibrated_model(rt, suite, suite_name="gnn", progress=bool(cfg.get("progress", True)),
-                                 heldout=distinct_kernels(w.trace for w in workloads), **calibration_options(cfg))
+                                 heldout=trace_kernels(w.trace for w in workloads), **calibration_options(cfg))
         x = torch.randn(base.num_nodes, base.in_features, generator=torch.Generator().manual_seed(rt.seed)).to(
             rt.device, getattr(torch, base.dtype))
     else:

@@ -56,6 +56,7 @@ from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.predict.calibration import calibrated_model, fitted_model, gnn_suite  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.distributed.gnn_partition_predict import PredictedStep, predict_partition_step, rank_traces  # noqa: E402
 from sim.distributed.graph_partition import (  # noqa: E402
     METIS_INSTALL, PARTITIONERS, PartitionPlan, check_partitioner, plan_graph_partition,
@@ -282,8 +283,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
 
     cvs = [pt["stats"][k] for pt in points for k in ("degree_cv", "out_degree_cv")]
     suite = partition_suite(points, (min(cvs), max(cvs)))
-    distinct = list({s.key(): s for t in traces for s in t}.values())
-    model = calibrated_model(rt, suite, suite_name="gnn", progress=progress, heldout=distinct,
+    model = calibrated_model(rt, suite, suite_name="gnn", progress=progress, heldout=trace_kernels(traces),
                              **calibration_options(cfg))
     heldout = heldout_for(rt, model, traces, what="gnn_partition")
     cm, cm_how = _collectives(rt, W, measuring=True, suite=part["collective_suite"], keep_awake=part["keep_awake"])

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from costmodel.families.grouped_gemm import grouped_mm_unavailable_reason  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from experiments.captured import (  # noqa: E402
     CapturedWorkload, coverage_details, measure_captured, missing_extra_error, training_details,
 )
@@ -196,7 +196,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
 
     model = calibrated_model(rt, captured_suite([w.captured for w in workloads]), suite_name="hf_moe",
                              progress=bool(cfg.get("progress", True)),
-                             heldout=distinct_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
+                             heldout=trace_kernels(w.captured.kernels() for w in workloads), **calibration_options(cfg))
     df = measure_captured(cfg, rt, model, workloads, what="hf_moe", description="measure hf moe")
     blocks = df[df["kind"] == "block"]
     summ = summary("hf_moe", rt.fingerprint.describe(), df, details={

@@ -21,7 +21,7 @@ from costmodel.measure.runtime import Runtime  # noqa: E402
 from experiments.common import calibration_options, check_common, config_dict, console, output_dir, plot_predicted_vs_measured, print_summary, print_table, summary, write_outputs  # noqa: E402
 from experiments.workloads import evaluate_workloads, heldout_for  # noqa: E402
 from sim.workloads.workload import Workload  # noqa: E402
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references, gemm_suite, small_op_suite  # noqa: E402
 from costmodel.cli.config_schema import Interval, ListOf  # noqa: E402
 from sim.workloads.memory import check_fits_device, mlp_need  # noqa: E402
@@ -67,7 +67,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     gemms = [s for t in traces for s in t if s.family == "gemm"]
     suite = gemm_suite(gemms) + small_op_suite([s for t in traces for s in t])
     model = calibrated_model(rt, suite, suite_name="mlp_batch", progress=bool(cfg.get("progress", True)),
-                             heldout=distinct_kernels(traces), **calibration_options(cfg))
+                             heldout=trace_kernels(traces), **calibration_options(cfg))
     module = MLP(configs[-1], device=rt.device, seed=rt.seed)  # weights shared by every batch size
     gen = torch.Generator().manual_seed(rt.seed)
     workloads = []

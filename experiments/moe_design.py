@@ -72,7 +72,7 @@ from experiments.common import (  # noqa: E402
     print_table, summary, write_outputs,
 )
 from experiments.workloads import heldout_for, scored_tables  # noqa: E402
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.predict.calibration import calibrated_model, fitted_model, grid_sample_suite, moe_suite  # noqa: E402
 from sim.workloads.moe_layer import EXPERT_KINDS, MOE_BACKENDS, DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.workloads.routing import route  # noqa: E402
@@ -564,7 +564,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     sample_traces = [batch.trace(int(i)) for i in sample_rows.index]
     # neighbours of the sample's kernels where the profile holds too few others (nothing else)
     calibrated_model(rt, [], suite_name="moe_design", progress=progress, refresh="never",
-                     heldout=distinct_kernels(sample_traces))
+                     heldout=trace_kernels(sample_traces))
     heldout = heldout_for(rt, model, sample_traces, what="moe_design's measured sample")
     n_passes = int(cfg["sample"].get("passes", 1))
     timed = combine_passes([measure_sample(sample_rows, routings, rt, progress,

@@ -65,6 +65,7 @@ from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
 from experiments.workloads import ape_summary, heldout_for  # noqa: E402
 from sim.predict.calibration import calibrated_model, fitted_model, moe_suite  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.distributed.ep_collectives import (  # noqa: E402
     collective_model_for, fit_grid, load_fallback, save_fallback, whatif_from,
 )
@@ -248,8 +249,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
 
     shard_cfgs = [MoEConfig(**{**c.__dict__, "tokens": math.ceil(c.tokens / ep["world_size"])}) for c in configs]
     suite = moe_suite(list(configs) + shard_cfgs)
-    distinct = list({s.key(): s for t in traces for s in t}.values())
-    model = calibrated_model(rt, suite, suite_name="moe", progress=progress, heldout=distinct, **calibration_options(cfg))
+    model = calibrated_model(rt, suite, suite_name="moe", progress=progress, heldout=trace_kernels(traces), **calibration_options(cfg))
     heldout = heldout_for(rt, model, traces, what="moe_ep")
     cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"],
                               keep_awake=ep["keep_awake"])

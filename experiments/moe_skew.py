@@ -34,7 +34,7 @@ from experiments.common import (  # noqa: E402
 from experiments.workloads import (  # noqa: E402
     kernel_point_table, measure_sweep, predict_only, print_sweep_report,
 )
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references, fitted_model, moe_suite  # noqa: E402
 from sim.workloads.moe_layer import DispatchPlan, MoEConfig, MoELayer, backend_unavailable_reason, moe_trace  # noqa: E402
 from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E402
@@ -116,7 +116,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *,
     suite = moe_suite(configs)
     if measuring:
         model = calibrated_model(rt, suite, suite_name="moe", progress=bool(cfg.get("progress", True)),
-                                 heldout=distinct_kernels(traces.values()), **calibration_options(cfg))
+                                 heldout=trace_kernels(traces.values()), **calibration_options(cfg))
     else:
         model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
     if measuring:

@@ -59,7 +59,7 @@ from experiments.common import (  # noqa: E402
 )
 from experiments.workloads import ape_summary, evaluate_workloads, heldout_for  # noqa: E402
 from sim.predict.calibration import calibrated_model, drift_references  # noqa: E402
-from sim.predict.paired import distinct_kernels  # noqa: E402
+from sim.predict.heldout import trace_kernels  # noqa: E402
 from sim.place.executor import check_cores, device_context, devices_can_run_together, run_placements  # noqa: E402
 from sim.place.placement import (  # noqa: E402
     SOLVERS, Device, Placement, PlacementError, PlacementWorkload, check_inputs, contended_makespan,
@@ -326,7 +326,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
             if fp not in models:
                 console.print(f"device {s['name']}: {s['threads']} thread(s) on cores {s['cores']}, profile {fp}")
                 models[fp] = calibrated_model(rt, suite, suite_name="placement", progress=progress,
-                                              heldout=distinct_kernels(traces), **calibration_options(cfg))
+                                              heldout=trace_kernels(traces), **calibration_options(cfg))
                 heldouts[fp] = heldout_for(rt, models[fp], traces, what="placement")
             model = models[fp]
             df = evaluate_workloads(model, runnable, device=rt.device, timing=rt.timing, heldout=heldouts[fp],

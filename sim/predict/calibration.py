@@ -80,10 +80,11 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     ``never`` skips the check. A refresh is recorded in the profile's provenance; the
     returned model's ``freshness`` says what happened (experiments put it in summary.json).
 
-    ``heldout`` (the distinct kernels of the experiment's traces, scored held out by
-    ``sim.predict.heldout``): never a reference of the freshness check nor a source of a refresh's
-    drift ratio; their neighbours (``neighbour_suite``: sizes halved and doubled) join the
-    suite, so every family of the traces has measured kernels around them that the
+    ``heldout`` (the kernels of the experiment's traces, each as often as they run:
+    ``sim.predict.heldout.trace_kernels``; scored held out by ``sim.predict.heldout``): never a
+    reference of the freshness check nor a source of a refresh's drift ratio; their neighbours
+    (``neighbour_suite``: sizes halved and doubled, first around the kernels that carry most of
+    the traces' time) join the suite, so every family of the traces has measured kernels around them that the
     freshness check times and a refresh re-measures (a family the suite alone does not
     cover, such as a GNN layer's GEMM, was otherwise predicted from rows of another sitting
     that nothing checked: 2.4-2.8x its measured time in one `gnn_degree` run).

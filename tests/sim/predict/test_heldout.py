@@ -14,6 +14,7 @@ from experiments.workloads import evaluate_workloads
 from sim.predict.calibration import calibrated_model
 from sim.predict.heldout import (
     MIN_HELDOUT_ROWS, NEIGHBOURS_PER_FAMILY, HeldOutError, fit_heldout, heldout_table, neighbour_specs, neighbour_suite, trace_keys,
+    trace_kernels,
 )
 from sim.workloads.workload import Workload
 
@@ -129,6 +130,18 @@ def test_the_heaviest_kernels_get_their_neighbours_first():
     assert {GemmSpec(2, 32, 32), GemmSpec(6, 128, 128)} <= weighted
     assert GemmSpec(2, 32, 32) not in {s for _, s in neighbour_suite(small, ["gemm"], set())}
 
+
+
+def test_a_kernel_the_traces_run_often_outweighs_a_larger_one_run_once():
+    # moe_ep's shape: a 4-row expert GEMM the loops run hundreds of times, 64-row ones once
+    small, large = GemmSpec(4, 1024, 2048), [GemmSpec(m, 2048, 4096) for m in range(40, 70)]
+    traces = [[small] * 300, large]
+    assert trace_kernels(traces) == [small] * 300 + large
+    once = {s for _, s in neighbour_suite(list(dict.fromkeys(trace_kernels(traces))), ["gemm"], set())}
+    weighted = {s for _, s in neighbour_suite(trace_kernels(traces), ["gemm"], set())}
+    near_small = set(neighbour_specs(small))
+    assert len(near_small) == 8 and len(near_small & once) == 2  # counted once: two, by the spread over bytes
+    assert near_small <= weighted and len(weighted) == NEIGHBOURS_PER_FAMILY  # by the time it carries: all eight
 
 def test_calibration_measures_neighbours_of_short_families(rt):
     trace = [GemmSpec(8, 32, 32), SoftmaxSpec(4, 8)]
