@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -26,6 +27,8 @@ from costmodel.measure.timing import TimingConfig, measure
 from costmodel.store.profile import DeviceProfile
 
 FLUSH_EVERY_S = 2.0
+#: seed of the first round's kernel order (``round_order``); round r uses this + r
+ROUND_ORDER_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,20 @@ def _too_slow(runner: Any, device: torch.device, limits: SizeLimits) -> str | No
     return None
 
 
+def round_order(n: int, round_: int) -> list[int]:
+    """The order round ``round_`` times ``n`` kernels in: a permutation seeded by the round
+    (the same on every run, a different one each round).
+
+    In a fixed order an experiment's kernels were timed first in every round and their
+    held-out neighbours after them, and a machine whose speed changes within seconds
+    measured the two groups apart: in two moe_ep calibrations on the Intel VM (2026-12-06)
+    the neighbours of its expert GEMMs came out at 105 us per weight MB and the GEMMs
+    themselves at 138, so the held-out models put the GEMMs at 0.78-0.88x their measured
+    time; the same nine GEMMs timed in shuffled rounds right after cost 121-136 us per MB
+    alike."""
+    return [int(i) for i in np.random.default_rng(ROUND_ORDER_SEED + round_).permutation(n)]
+
+
 def measure_specs(
     tagged_specs: Sequence[tuple[str, KernelSpec]],
     profile: DeviceProfile,
@@ -146,7 +163,9 @@ def measure_specs(
 
     Rounds are separate passes over the whole list, so each kernel is sampled at
     ``timing.rounds`` moments spread over the run; each round gets 1/rounds of the
-    time budget.
+    time budget. Each round visits the kernels in its own shuffled order (``round_order``),
+    so no group of them (an experiment's own kernels, their neighbours, one family) is
+    always timed in the same stretch of a round.
     """
     start = time.perf_counter()
     result = BenchResult()
@@ -156,7 +175,8 @@ def measure_specs(
     noisy_keys: set[str] = set()
     new_keys: set[str] = set()
     keys = [s.key() for _, s in tagged_specs]
-    todo = [(r, tag, s) for r in range(timing.rounds) for tag, s in tagged_specs if (s.key(), r) not in done]
+    todo = [(r, *tagged_specs[i]) for r in range(timing.rounds) for i in round_order(len(tagged_specs), r)
+            if (tagged_specs[i][1].key(), r) not in done]
     result.already, result.partial = round_coverage(keys, done, timing.rounds)
     buffer: list[dict[str, Any]] = []
     last_flush = time.perf_counter()

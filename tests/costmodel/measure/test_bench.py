@@ -40,7 +40,7 @@ def test_measures_every_round_and_notes_skips(profile):
     assert "max_flops" in profile.skipped()["reason"].iloc[0]
     kernels = profile.kernels()
     assert set(kernels["family"]) == {"sort", "histogram", "gemm"}
-    assert (kernels["flops"] == [s.flops() for _, s in SPECS[:3]]).all()
+    assert sorted(kernels["flops"]) == sorted(s.flops() for _, s in SPECS[:3])
 
 
 def test_rerun_resumes_without_duplicates(profile):
@@ -91,3 +91,17 @@ def test_kernels_too_slow_to_repeat_are_skipped_with_a_note(profile):
                            show_progress=False)
     assert result.measured == 0 and len(result.skipped) == 2
     assert profile.skipped()["reason"].str.contains("max_call_s").all()
+
+
+def test_each_round_times_the_kernels_in_its_own_seeded_order(profile, monkeypatch):
+    orders = [bench.round_order(20, r) for r in range(3)]
+    assert all(sorted(o) == list(range(20)) for o in orders)  # a permutation: every kernel once a round
+    assert orders[0] != orders[1] != orders[2] and bench.round_order(20, 1) == orders[1]  # differs by round, reproducible
+    visited = []
+    real = bench.make_runner
+    monkeypatch.setattr(bench, "make_runner", lambda spec, *a, **kw: (visited.append(spec), real(spec, *a, **kw))[1])
+    specs = [("grid", SortSpec(n)) for n in (16, 32, 64, 128, 256, 512)]
+    measure_specs(specs, profile, device=torch.device("cpu"), timing=TIMING, limits=LIMITS, suite="test",
+                  show_progress=False)
+    expected = [specs[i][1] for r in range(TIMING.rounds) for i in bench.round_order(len(specs), r)]
+    assert visited == expected and visited[:6] != [s for _, s in specs]  # not the list's order
