@@ -26,7 +26,9 @@ holds the factors and the held-out L3 error without them.
 
 Outputs: results.csv (one row per point x placement x backend), summary.json in the common
 schema plus ``details.ep`` (per point: per-rank timelines predicted and measured, straggler,
-skew share, the load-aware placement's gain over contiguous), ep_timelines.png and
+skew share, the load-aware placement's gain over contiguous; ``phase_over_measured``: each local
+phase's L3 predicted / measured seconds over points and ranks, held out and rank replay, which
+says where a step's error sits), ep_timelines.png and
 predicted_vs_measured.png.
 
 ``measure=false``: a predict-only what-if at ``ep.whatif_world_size`` ranks (default 8),
@@ -71,7 +73,8 @@ from sim.distributed.ep_collectives import (  # noqa: E402
 )
 from sim.distributed.ep_plan import EPPlan, plan_expert_parallel  # noqa: E402
 from sim.distributed.ep_predict import (  # noqa: E402
-    PHASES, EPStepPrediction, cost_model_kernel_times, ep_traces, predict_ep_step, rank_replay_kernel_times,
+    PHASES, EPStepPrediction, RankTimeline, cost_model_kernel_times, ep_traces, predict_ep_step,
+    rank_replay_kernel_times,
 )
 from sim.distributed.expert_placement import PLACEMENTS, ExpertPlacement  # noqa: E402
 from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E402
@@ -89,6 +92,12 @@ MAX_REPEATS = 200
 A2A_GRID = (256, 2048, 16384, 131072, 1048576, 4194304)
 #: phases drawn in the timeline plot, one colour each (measured dispatch includes its waits)
 PHASE_COLOURS = {"router": "C0", "dispatch": "C1", "experts": "C2", "combine": "C3", "weighted_sum": "C4"}
+#: a rank's local phases and the measured segment that times each (the all-to-alls are left out of
+#: the per-phase ratios: a rank's measured all-to-all holds its wait for the others)
+LOCAL_PHASE_SEGMENTS = {"router": "router", "dispatch": "dispatch_prep", "experts": "experts",
+                        "weighted_sum": "weighted_sum"}
+#: measured phases shorter than this are not compared (a rank with nothing to do in them)
+MIN_PHASE_S = 1e-6
 
 
 #: moe_ep's fields: the MoE layer's (``experiments.moe_skew.CONSTRAINTS``) and the ``ep``
@@ -283,6 +292,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
     per_kind_s = cold_start_per_kind_s(model, "L3")
     rows, per_point = [], []
+    phase_pairs: dict[str, list[tuple[RankTimeline, Mapping[str, float]]]] = {"heldout": [], "replay": []}
     for pt, meas in zip(points, measured["cases"]):
         held = predict_ep_step(pt["cfg"], pt["plan"], held_times, cm, colocation=colo)
         lookup = predict_ep_step(pt["cfg"], pt["plan"], lookup_times, cm, colocation=colo)
@@ -291,6 +301,9 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         replay = predict_ep_step(pt["cfg"], pt["plan"],
                                  rank_replay_kernel_times(meas["kernel_s"], lookup_times, per_kind_s=per_kind_s), cm)
         row, point = _score_point(pt, held, lookup, meas, MEASURED_SEGMENTS)
+        for r, rank in enumerate(point["measured"]["ranks"]):
+            phase_pairs["heldout"].append((held.timelines["L3"][r], rank["segments_median_s"]))
+            phase_pairs["replay"].append((replay.timelines["L3"][r], rank["segments_median_s"]))
         row["pred_replay_L3_s"] = replay.step_s("L3")
         for r, tl in enumerate(replay.timelines["L3"]):
             row[f"pred_replay_rank{r}_busy_L3_s"] = tl.busy_s
@@ -324,6 +337,10 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     gains = variant_gains(df, "placement", "load_aware", "contiguous")
     details["ep"] = {"points": per_point, "placement_gains": gains, "placement_gain_summary": gain_summary(gains),
                      "straggler": straggler_summary(df, STRAGGLER_RULE),
+                     "phase_over_measured": {
+                         "what": "L3 predicted compute seconds / measured seconds per local phase, over every point "
+                                 "and rank (median, 10th-90th percentile): held out, and the rank replay",
+                         **{k: phase_ratios(v) for k, v in phase_pairs.items()}},
                      "wait_rule": "bulk-synchronous: an all-to-all ends on rank r at max over ranks of the entry "
                                   "time + rank r's collective seconds (sim/distributed/ep_predict.py)"}
     summ = summary("moe_ep", rt.fingerprint.describe(), df, details=details)
@@ -343,7 +360,28 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     console.print(f"rank replay (kernels timed inside the ranks, composed: a composition check): L3 median "
                   f"{rr['median_ape_pct']['L3']:.1f}%, p90 {rr['p90_ape_pct']['L3']:.1f}%; in-rank kernels / profile: "
                   + ", ".join(f"{r} {v:.2f}x" for r, v in rr["kernels_in_rank_over_profile"].items()))
+    phases = details["ep"]["phase_over_measured"]
+    console.print(f"L3 / measured per phase, median (10th-90th percentile) over points and ranks: held out "
+                  f"{_phase_words(phases['heldout'])}; rank replay {_phase_words(phases['replay'])}")
     return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
+
+
+def phase_ratios(pairs: Sequence[tuple[RankTimeline, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """Predicted compute seconds / measured seconds of each local phase (``LOCAL_PHASE_SEGMENTS``)
+    over every (point, rank) pair of a predicted timeline and its measured segment medians: the
+    median, 10th and 90th percentile, and how many pairs. Says which phase a step's error sits in
+    (below 1 the prediction is short). A measured phase under ``MIN_PHASE_S`` is skipped."""
+    ratios: dict[str, list[float]] = {p: [] for p in LOCAL_PHASE_SEGMENTS}
+    for timeline, segments in pairs:
+        for phase, segment in LOCAL_PHASE_SEGMENTS.items():
+            if segments[segment] >= MIN_PHASE_S:
+                ratios[phase].append(timeline.compute_s[phase] / segments[segment])
+    return {p: {"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+                "p90": float(np.percentile(v, 90)), "rank_points": len(v)} for p, v in ratios.items() if v}
+
+
+def _phase_words(ratios: Mapping[str, Mapping[str, float]]) -> str:
+    return ", ".join(f"{p} {r['median']:.2f}x ({r['p10']:.2f}-{r['p90']:.2f})" for p, r in ratios.items())
 
 
 def _measured_timeline(phase_s: np.ndarray, segments: Sequence[str]) -> dict[str, Any]:

@@ -91,6 +91,10 @@ def test_tiny_run_writes_the_common_schema_and_two_timelines_per_point(tiny_run)
     assert all(len(g["measured_gain_rounds"]) == 2 and g["measured_gain_se"] >= 0 for g in details["ep"]["placement_gains"])
     assert details["ep"]["placement_gain_summary"]["points"] == 2
     assert details["ep"]["straggler"]["clear_points"] <= 6
+    phases = details["ep"]["phase_over_measured"]
+    for scoring in ("heldout", "replay"):  # router, dispatch prep, experts and weighted sum timed on both ranks
+        assert set(phases[scoring]) == {"router", "dispatch", "experts", "weighted_sum"}
+        assert all(0 < r["p10"] <= r["median"] <= r["p90"] and r["rank_points"] <= 12 for r in phases[scoring].values())
     assert (out / "results.csv").stat().st_size > 0
     assert (out / "ep_timelines.png").exists() and (out / "predicted_vs_measured.png").exists()
 
@@ -104,3 +108,26 @@ def test_predict_only_extrapolates_to_a_larger_world_size(tiny_run, tmp_path):
     assert "extrapolates" in written["details"]["extrapolates"]
     assert all(len(p["predicted"]["L3"]["ranks"]) == 4 for p in written["details"]["ep"]["points"])
     assert summary["n_points"] == 6 and (out / "ep_timelines.png").exists()
+
+
+def test_phase_ratios_compare_each_local_phase_and_skip_the_ones_not_run():
+    from experiments.moe_ep import phase_ratios
+    from sim.distributed.ep_predict import RankTimeline
+
+    def timeline(router_s, experts_s):
+        compute = {"router": router_s, "dispatch": 1e-4, "experts": experts_s, "combine": 0.0, "weighted_sum": 1e-4}
+        zero = dict.fromkeys(compute, 0.0)
+        return RankTimeline(dict.fromkeys(compute, (0.0, 0.0)), compute, zero, zero)
+
+    def measured(router_s, experts_s):
+        return {"router": router_s, "dispatch_prep": 2e-4, "dispatch_a2a": 5e-3, "experts": experts_s,
+                "combine": 7e-3, "weighted_sum": 0.0}
+
+    ratios = phase_ratios([(timeline(1e-4, 8e-3), measured(1e-4, 1e-2)),  # experts 0.8x
+                           (timeline(2e-4, 9e-3), measured(1e-4, 1e-2)),  # router 2x, experts 0.9x
+                           (timeline(1e-4, 1e-2), measured(1e-4, 1e-2))])
+    assert ratios["experts"]["median"] == pytest.approx(0.9) and ratios["experts"]["rank_points"] == 3
+    assert ratios["experts"]["p10"] == pytest.approx(0.82) and ratios["experts"]["p90"] == pytest.approx(0.98)
+    assert ratios["router"]["median"] == pytest.approx(1.0) and ratios["router"]["p90"] == pytest.approx(1.8)
+    assert ratios["dispatch"]["median"] == pytest.approx(0.5)  # the prep only; the all-to-all holds waits
+    assert "weighted_sum" not in ratios  # measured 0 s on every rank: nothing to compare
