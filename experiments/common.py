@@ -382,12 +382,22 @@ def summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] =
     return out
 
 
+def ratio_summary(ratios: Any, count_key: str = "points") -> dict[str, float]:
+    """Predicted / measured ratios summarised: median, 10th and 90th percentile, and their count."""
+    r = np.asarray(ratios, dtype=float)
+    return {"median": float(np.median(r)), "p10": float(np.percentile(r, 10)), "p90": float(np.percentile(r, 90)),
+            count_key: int(r.size)}
+
+
+def ratio_words(summaries: Mapping[str, Mapping[str, float]]) -> str:
+    """``name 0.92x (0.82-1.02)`` per ``ratio_summary``: median (10th-90th percentile)."""
+    return ", ".join(f"{name} {s['median']:.2f}x ({s['p10']:.2f}-{s['p90']:.2f})" for name, s in summaries.items())
+
+
 def l3_over_measured(df: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per backend, L3 predicted / measured: median, 10th and 90th percentile, points."""
     ratio = df["pred_L3_s"] / df["measured_s"]
-    return {str(b): {"median": float(r.median()), "p10": float(r.quantile(0.1)), "p90": float(r.quantile(0.9)),
-                     "points": int(r.size)}
-            for b, r in ratio.groupby(df["backend"], sort=True)}
+    return {str(b): ratio_summary(r) for b, r in ratio.groupby(df["backend"], sort=True)}
 
 
 def predict_only_summary(name: str, device: str, df: pd.DataFrame, *, levels: Sequence[str] = LEVELS,
@@ -485,7 +495,7 @@ def print_summary(summ: Mapping[str, Any]) -> None:
     signed = summ["details"].get("l3_over_measured") or {}
     if signed:
         console.print("L3 predicted / measured per backend, median (10th-90th percentile): "
-                      + ", ".join(f"{b} {v['median']:.2f}x ({v['p10']:.2f}-{v['p90']:.2f})" for b, v in signed.items())
+                      + ratio_words(signed)
                       + "; below 1 the model under-predicts")
     held = summ["details"].get("heldout") or {}
     if held.get("scored"):

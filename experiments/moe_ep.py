@@ -56,7 +56,7 @@ from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int
 from costmodel.measure.timing import TimingConfig  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
-    plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
+    plot_predicted_vs_measured, predict_only_summary, print_table, ratio_summary, ratio_words, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
     colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
@@ -362,7 +362,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                   + ", ".join(f"{r} {v:.2f}x" for r, v in rr["kernels_in_rank_over_profile"].items()))
     phases = details["ep"]["phase_over_measured"]
     console.print(f"L3 / measured per phase, median (10th-90th percentile) over points and ranks: held out "
-                  f"{_phase_words(phases['heldout'])}; rank replay {_phase_words(phases['replay'])}")
+                  f"{ratio_words(phases['heldout'])}; rank replay {ratio_words(phases['replay'])}")
     return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
 
 
@@ -376,12 +376,7 @@ def phase_ratios(pairs: Sequence[tuple[RankTimeline, Mapping[str, float]]]) -> d
         for phase, segment in LOCAL_PHASE_SEGMENTS.items():
             if segments[segment] >= MIN_PHASE_S:
                 ratios[phase].append(timeline.compute_s[phase] / segments[segment])
-    return {p: {"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-                "p90": float(np.percentile(v, 90)), "rank_points": len(v)} for p, v in ratios.items() if v}
-
-
-def _phase_words(ratios: Mapping[str, Mapping[str, float]]) -> str:
-    return ", ".join(f"{p} {r['median']:.2f}x ({r['p10']:.2f}-{r['p90']:.2f})" for p, r in ratios.items())
+    return {p: ratio_summary(v, count_key="rank_points") for p, v in ratios.items() if v}
 
 
 def _measured_timeline(phase_s: np.ndarray, segments: Sequence[str]) -> dict[str, Any]:
