@@ -48,10 +48,11 @@ OWN_TAGS = ("calibration", "paired", "design")
 LEVELS = ("L2", "L3")
 
 
-def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict, cv_folds: int) -> pd.DataFrame:
-    """The kernels of ``suite``'s layers, predicted by models fitted without them (the training
-    table is ``heldout_table``'s: the experiments' own exclusion rule)."""
-    test = table[(table["suite"] == suite) & table["tag"].astype(str).isin(OWN_TAGS)].reset_index(drop=True)
+def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict, cv_folds: int,
+         tags: tuple[str, ...] = OWN_TAGS) -> pd.DataFrame:
+    """The kernels of ``suite``'s layers (its rows tagged ``tags``), predicted by models fitted
+    without them (the training table is ``heldout_table``'s: the experiments' own exclusion rule)."""
+    test = table[(table["suite"] == suite) & table["tag"].astype(str).isin(tags)].reset_index(drop=True)
     train, _ = heldout_table(profile, set(test["key"]))
     y = train["median_s"].to_numpy(dtype=np.float64)
     levels = {lv: m.fit(train, y) for lv, m in make_levels(ceilings, cv_folds=cv_folds).items() if lv in LEVELS}
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("profile", type=Path, help="a profile folder (read only)")
     ap.add_argument("--suites", nargs="*", help="experiment suites to leave out (default: every non-bench suite)")
+    ap.add_argument("--tags", nargs="+", default=list(OWN_TAGS),
+                    help="the rows of a suite to leave out and predict (default: its own kernels, "
+                         f"{' '.join(OWN_TAGS)}; heldout_neighbour: its measured neighbours instead)")
     ap.add_argument("--cv-folds", type=int, default=4, help="L3's form-selection folds (default 4)")
     ap.add_argument("--min-share-pct", type=float, default=1.0,
                     help="print kinds with at least this share of their suite's profiled time (default 1)")
@@ -101,10 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     if not ceilings:
         ap.error(f"{args.profile} has no ceilings.json: run `python -m costmodel bench` on its device first")
 
+    tagged = table[table["tag"].astype(str).isin(args.tags)]
+    empty = sorted(set(suites) - set(tagged["suite"].astype(str)))
+    if empty:
+        ap.error(f"--tags {' '.join(args.tags)}: suites {empty} have no such rows in {args.profile.name}")
     rows = []
     for i, suite in enumerate(suites, 1):
         start = time.perf_counter()
-        rows.append(fold(profile, table, suite, ceilings, args.cv_folds))
+        rows.append(fold(profile, table, suite, ceilings, args.cv_folds, tuple(args.tags)))
         print(f"[{i}/{len(suites)}] {suite}: {len(rows[-1])} kernels left out, fitted on "
               f"{len(table) - len(rows[-1])} in {time.perf_counter() - start:.0f} s", flush=True)
     kernels = pd.concat(rows, ignore_index=True)
@@ -124,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels.to_csv(args.out / "kernels.csv", index=False)
         (args.out / "summary.json").write_text(json.dumps({
             "profile": args.profile.name, "suites": suites, "scoring": "held-out (leave one experiment suite out)",
+            "tags": args.tags,
             "per_suite": summary[summary["kind"] == "(all)"].drop(columns="kind").to_dict("records")}, indent=2))
         print(f"written to {args.out}")
     return 0

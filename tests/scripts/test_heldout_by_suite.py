@@ -61,3 +61,18 @@ def test_an_unknown_suite_is_refused_naming_the_profiles_suites(script, profile,
         script.main([str(profile.path), "--suites", "hf_moe"])
     assert err.value.code == 2
     assert "--suites: ['hf_moe'] not in" in capsys.readouterr().err
+
+
+def test_tags_pick_which_rows_of_a_suite_are_left_out(script, profile, tmp_path):
+    out = tmp_path / "out"
+    assert script.main([str(profile.path), "--tags", "heldout_neighbour", "--out", str(out)]) == 0
+    kernels = pd.read_csv(out / "kernels.csv")
+    assert kernels["key"].tolist() == [GemmSpec(48, 512, 512).key()]  # the neighbour alone, not the calibration rows
+    assert json.loads((out / "summary.json").read_text())["tags"] == ["heldout_neighbour"]
+
+
+def test_tags_no_suite_has_are_refused(script, profile, capsys):
+    with pytest.raises(SystemExit) as err:
+        script.main([str(profile.path), "--tags", "design"])
+    assert err.value.code == 2
+    assert "--tags design: suites ['moe'] have no such rows" in capsys.readouterr().err
