@@ -44,8 +44,8 @@ def test_tiny_run_writes_the_common_schema_held_out(tiny_run):
     assert details["scoring"] == "held-out" and details["heldout"]["scored"] and details["heldout"]["excluded_kernels"] > 0
     assert set(details["profile_lookup"]["median_ape_pct"]) == {"L0", "L1", "L2", "L3"}
     assert details["threads_per_rank"] == 1 and details["world_size"] == 2
-    colo = details["colocation"]  # measured first into the empty profile, then applied to every rank's kernels
-    assert colo["mode"] == "profile" and colo["applied"] and colo["factors"]
+    colo = details["colocation"]  # measured in the run (the default), then applied to every rank's kernels
+    assert colo["mode"] == "measure" and colo["applied"] and colo["factors"]
     assert {"median_ape_L3_pct", "median_ape_L3_pct_alone", "median_pred_over_measured_L3_alone"} <= set(colo)
     assert multiprocessing.active_children() == []
 
