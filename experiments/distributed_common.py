@@ -164,12 +164,11 @@ def finish_timelines(fig: Any, handles: list[Any], *, wait_label: str, title: st
 # ----------------------------------------------------------------------------- co-location
 
 def colocation_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
-    return value in COLOCATION_MODES and (value != "measure" or cfg.get("measure", True) is not False)
+    return value in COLOCATION_MODES
 
 
 def colocation_words(cfg: Mapping[str, Any]) -> str:
-    return (f"one of {list(COLOCATION_MODES)}" if cfg.get("measure", True) is not False
-            else "'profile' or 'off' with measure=false (measure=false predicts only)")
+    return f"one of {list(COLOCATION_MODES)}"
 
 
 def rank_colocation(rt: Any, world_size: int, mode: str, *, field: str, measuring: bool, what: str,
@@ -185,6 +184,10 @@ def rank_colocation(rt: Any, world_size: int, mode: str, *, field: str, measurin
 
     if mode == "off":
         return None, f"{field}=off: every rank's kernels predicted as measured alone"
+    if mode == "measure" and not measuring:  # predict-only measures nothing: the factors the last run measured
+        colo, how = rank_colocation(rt, world_size, "profile", field=field, measuring=False, what=what,
+                                    progress=progress, profile=profile)
+        return colo, f"{field}=measure with measure=false (predicts only): the factors last measured; {how}"
     cores, note = pick_cores(world_size) if measuring else (None, "")
     if measuring and cores is None:
         return None, f"{field}={mode}: the ranks are {note}, so no placement to measure; predicted alone"

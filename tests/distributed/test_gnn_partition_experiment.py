@@ -95,6 +95,8 @@ def test_predict_only_what_if_at_a_larger_world_size_says_it_extrapolates(tiny_r
     assert summary["n_points"] == 4
     assert all(len(p["predicted"]["L3"]["ranks"]) == 4 for p in written["details"]["partition"]["points"])
     assert (out / "partition_timelines.png").exists()
+    colo = written["details"]["colocation"]  # the default, measure, measures nothing here: the factors the tiny run measured
+    assert colo["mode"] == "measure" and colo["applied"] and "the factors last measured" in colo["how"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -110,8 +112,6 @@ def test_predict_only_what_if_at_a_larger_world_size_says_it_extrapolates(tiny_r
     (["partition.collective_suite=huge"], "partition.collective_suite must be one of ['full', 'quick'], got 'huge'"),
     (["partition.colocation=sometimes"], "partition.colocation must be one of ['measure', 'profile', 'off'], "
                                          "got 'sometimes'"),
-    (["measure=false", "partition.colocation=measure"],
-     "partition.colocation must be 'profile' or 'off' with measure=false (measure=false predicts only), got 'measure'"),
     (["measure=false", "partition.whatif_world_size=1000"],
      "partition.whatif_world_size must be an integer in [2, 512], got 1000"),
 ])
