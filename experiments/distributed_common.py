@@ -15,7 +15,6 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from costmodel.colocation.apply import MODES as COLOCATION_MODES
 from experiments.common import console, plt, print_summary, print_table
 
 GAIN_LEVELS = ("L0", "L2", "L3")
@@ -162,14 +161,6 @@ def finish_timelines(fig: Any, handles: list[Any], *, wait_label: str, title: st
 
 
 # ----------------------------------------------------------------------------- co-location
-
-def colocation_ok(value: Any, cfg: Mapping[str, Any]) -> bool:
-    return value in COLOCATION_MODES
-
-
-def colocation_words(cfg: Mapping[str, Any]) -> str:
-    return f"one of {list(COLOCATION_MODES)}"
-
 
 def rank_colocation(rt: Any, world_size: int, mode: str, *, field: str, measuring: bool, what: str,
                     progress: bool = False, profile: Any = None) -> tuple[Any, str]:

@@ -43,12 +43,13 @@ import torch  # noqa: E402
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
+from costmodel.colocation.apply import MODES as COLOCATION_MODES  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
     plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
-    colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
+    colocation_details, finish_timelines, label_timeline_axis,
     gain_summary, print_gains, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
     timeline_grid, usable_cores, variant_gains,
 )
@@ -104,7 +105,7 @@ CONSTRAINTS: dict[str, Any] = {
     "partition.repeats": Interval(int, 3, MAX_REPEATS),
     "partition.rounds": Interval(int, 1, 20),
     "partition.timeout_s": Interval(int, 10, 3600),
-    "partition.colocation": Rule(colocation_ok, colocation_words),
+    "partition.colocation": Options(list(COLOCATION_MODES)),
     "partition.keep_awake": Options([True, False]),
 }
 
@@ -133,7 +134,7 @@ def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> 
     return {"world_size": W if measuring else whatif, "partitioners": list(dict.fromkeys(names)),
             "warmup": part.get("warmup", 2), "repeats": part.get("repeats", 10), "rounds": part.get("rounds", 3),
             "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full"),
-            "colocation": part.get("colocation", "profile"), "keep_awake": part.get("keep_awake", True)}
+            "colocation": part.get("colocation", "measure"), "keep_awake": part.get("keep_awake", True)}
 
 
 def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:

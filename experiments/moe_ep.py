@@ -53,13 +53,14 @@ import torch  # noqa: E402
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.runtime import Runtime  # noqa: E402
 from costmodel.cli.config_schema import Interval, Options, Rule, at_most, is_int  # noqa: E402
+from costmodel.colocation.apply import MODES as COLOCATION_MODES  # noqa: E402
 from costmodel.measure.timing import TimingConfig  # noqa: E402
 from experiments.common import (  # noqa: E402
     add_errors, calibration_options, check_common, check_measure_keys, config_dict, console, output_dir,
     plot_predicted_vs_measured, predict_only_summary, print_table, ratio_summary, ratio_words, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
-    colocation_details, colocation_ok, colocation_words, finish_timelines, label_timeline_axis,
+    colocation_details, finish_timelines, label_timeline_axis,
     gain_summary, print_gains, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
     timeline_grid, usable_cores, variant_gains,
 )
@@ -113,7 +114,7 @@ CONSTRAINTS: dict[str, Any] = {
     "ep.rounds": Interval(int, 1, 20),
     "ep.timeout_s": Interval(int, 10, 3600),
     "ep.collectives": Options(list(COLLECTIVE_SOURCES)),
-    "ep.colocation": Rule(colocation_ok, colocation_words),
+    "ep.colocation": Options(list(COLOCATION_MODES)),
     "ep.keep_awake": Options([True, False]),
 }
 
@@ -171,7 +172,7 @@ def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[s
             "capacity_factor": None if capacity is None else float(capacity),
             "warmup": ep.get("warmup", 2), "repeats": ep.get("repeats", 6), "rounds": ep.get("rounds", 3),
             "timeout_s": ep.get("timeout_s", 600),
-            "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "profile"),
+            "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "measure"),
             "keep_awake": ep.get("keep_awake", True)}
 
 
