@@ -23,6 +23,11 @@ from costmodel.measure.timing import TimingConfig
 from costmodel.store.locks import MeasureLockConfig, check_lock_path, measuring
 from costmodel.store.profile import DeviceProfile
 
+#: torch's CPU threads when this process started (all cores, or what OMP_NUM_THREADS says):
+#: what ``threads: null`` means, whatever an earlier run in the same process set (a Hydra
+#: sweep of gnn_partition, which sets 1, then gnn_degree, runs in one process)
+DEFAULT_THREADS = torch.get_num_threads()
+
 
 def _abs(path: str) -> Path:
     try:
@@ -83,8 +88,7 @@ class Runtime:
         configure_allocator(str(cfg.get("allocator", "steady")))
         dtype = str(cfg["dtype"])
         threads = cfg.get("threads") if checked else check_threads(cfg.get("threads"))
-        if threads is not None:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads if threads is not None else DEFAULT_THREADS)
         timing_cfg = {**dict(cfg["timing"]), **dict(timing_overrides or {})}
         limits = cfg["limits"][device.type]
         timing = TimingConfig(**timing_cfg) if checked and not timing_overrides else timing_config(timing_cfg)

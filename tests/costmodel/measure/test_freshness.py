@@ -393,3 +393,19 @@ def test_a_refresh_never_scales_a_row_past_its_roofline():
     assert bounded.tolist() == pytest.approx([0.5, 0.5, 0.5])  # 0.2 s -> 0.1 s at most; 0.05 beat it; 4 ms -> 2 ms ok
     assert roofline_bounded(rows, scale, None).tolist() == scale.tolist()
     assert roofline_bounded(rows, np.array([2.0, 1.0, 1.0]), ceilings).tolist() == [2.0, 1.0, 1.0]  # slower: untouched
+
+
+def test_threads_null_is_the_start_up_default_even_after_a_run_that_set_one(tmp_path):
+    """A Hydra sweep runs its jobs in one process: gnn_partition (threads: 1) then gnn_degree
+    (threads: null) measured gnn_degree with one thread, into the one-thread profile."""
+    import torch
+    from costmodel.measure.runtime import DEFAULT_THREADS
+
+    if DEFAULT_THREADS < 2:
+        pytest.skip("one thread by default: a run that sets one cannot be told apart")
+    try:
+        assert Runtime.from_cfg({**_cfg(tmp_path), "threads": 1}).fingerprint.threads == 1
+        rt = Runtime.from_cfg(_cfg(tmp_path))
+        assert torch.get_num_threads() == DEFAULT_THREADS == rt.fingerprint.threads
+    finally:
+        torch.set_num_threads(DEFAULT_THREADS)
