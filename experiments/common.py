@@ -67,6 +67,7 @@ from scipy.stats import spearmanr  # noqa: E402
 from costmodel.cli.config_schema import Interval, Options, Rule  # noqa: E402
 from costmodel.measure.bench import make_progress  # noqa: E402
 from costmodel.measure.freshness import POLICIES  # noqa: E402
+from costmodel.model.committee import NEIGHBOUR_PICKS  # noqa: E402
 from costmodel.model.predictor import LEVELS  # noqa: E402
 from costmodel.measure.timing import TimingConfig, measure  # noqa: E402
 
@@ -102,6 +103,7 @@ COMMON_CONSTRAINTS: dict[str, Any] = {
     "calibration.refresh": [Options(list(POLICIES)), bool, None],
     "calibration.tolerance": Interval(float, 0, 10, closed="neither", words="a number in (0, 10) (0.1 = 10% either way)"),
     "calibration.paired": bool,
+    "calibration.neighbours": Options(list(NEIGHBOUR_PICKS)),
     "per_kernel.point": Interval(int, None, None, words="an integer index into the sweep"),
     "per_kernel.iterations": Interval(int, 1, None),
     "coverage.iterations": Interval(int, 1, None),
@@ -156,14 +158,15 @@ def output_dir(cfg: Mapping[str, Any], out_dir: str | Path | None) -> Path:
 
 
 def calibration_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """``calibration.refresh`` / ``calibration.tolerance`` (checked by ``check_common``) as
+    """``calibration.refresh`` / ``tolerance`` / ``neighbours`` (checked by ``check_common``) as
     ``calibrated_model`` keywords."""
     from costmodel.measure.freshness import DEFAULT_TOLERANCE
 
     section = cfg.get("calibration") or {}
     refresh = section.get("refresh", "auto")
     refresh = "always" if refresh is True else "never" if refresh in (False, None) else str(refresh).lower()
-    return {"refresh": refresh, "tolerance": float(section.get("tolerance", DEFAULT_TOLERANCE))}
+    return {"refresh": refresh, "tolerance": float(section.get("tolerance", DEFAULT_TOLERANCE)),
+            "neighbours": str(section.get("neighbours", "committee"))}
 
 
 def paired_enabled(cfg: Mapping[str, Any]) -> bool:

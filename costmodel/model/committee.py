@@ -21,13 +21,14 @@ uses, on kernels the profile already measured (no timing).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 from threadpoolctl import threadpool_limits
 
-from costmodel.model.features import family_features, roofline_time_s
+from costmodel.families.descriptor import KernelSpec
+from costmodel.model.features import family_features, kernel_table, roofline_time_s
 from costmodel.model.models import CLIP_MARGIN_DECADES, L3_CANDIDATES, NATIVE_THREADS, _check_table
 
 #: forms on the committee: every L3 candidate (a committee of one form has no spread)
@@ -35,6 +36,9 @@ COMMITTEE_FORMS: tuple[str, ...] = tuple(L3_CANDIDATES)
 #: a family with fewer training rows than this has no committee: its spread is ``np.inf``
 #: (any of its kernels is worth measuring before a kernel of a fitted family)
 MIN_COMMITTEE_ROWS = 6
+#: ``calibration.neighbours``: how an experiment picks the half of each family's neighbours
+#: that is not around its heaviest kernels (``sim.predict.calibration.neighbour_picker``)
+NEIGHBOUR_PICKS = ("committee", "bytes")
 #: nearness, in standard deviations of the family's features, within which a pick damps the
 #: spread of the candidates around it (``pick_by_spread``)
 DIVERSITY_RADIUS = 0.5
@@ -134,3 +138,18 @@ def pick_by_spread(committee: Committee, candidates: pd.DataFrame, budget_per_fa
             chosen.append(int(idx[best]))
             far = np.minimum(far, np.linalg.norm(X - X[best], axis=1))
     return sorted(chosen)
+
+
+def committee_picker(train: pd.DataFrame, ceilings: Mapping[str, Any], families: Iterable[str]
+                     ) -> Callable[[list[KernelSpec], int], list[KernelSpec]]:
+    """``pick(candidates, n)``: the ``n`` candidates (descriptors of one family) a committee
+    fitted on ``train``'s rows of ``families`` would measure first (``pick_by_spread``):
+    ``sim.predict.heldout.neighbour_suite``'s ``pick_rest`` in a calibration."""
+    wanted = set(families)
+    committee = Committee(ceilings).fit(train[train["family"].isin(wanted)].reset_index(drop=True))
+
+    def pick(candidates: list[KernelSpec], n: int) -> list[KernelSpec]:
+        if not candidates:
+            return []
+        return [candidates[i] for i in pick_by_spread(committee, kernel_table(candidates), n)]
+    return pick

@@ -49,6 +49,7 @@ from costmodel.model.predictor import CostModel, StaleModelError
 from costmodel.store.profile import DeviceProfile, ProfileError
 from sim.workloads.backends import gnn_backend, moe_backend
 from sim.workloads.gnn_layer import GNNConfig, GraphPlan, gnn_trace
+from costmodel.model.committee import NEIGHBOUR_PICKS, committee_picker
 from sim.predict.heldout import family_shortfall, heldout_table, neighbour_suite
 from sim.workloads.moe_layer import MoEConfig
 
@@ -68,9 +69,27 @@ def roofline_weight(ceilings: dict[str, Any] | None) -> Callable[[KernelSpec], f
     return weight
 
 
+def neighbour_picker(how: str, table: Any, ceilings: dict[str, Any] | None, families: set[str]
+                     ) -> Callable[[list[KernelSpec], int], list[KernelSpec]] | None:
+    """``neighbour_suite``'s ``pick_rest`` for ``how`` (``NEIGHBOUR_PICKS``): a committee fitted
+    on ``table`` (the profile without the traces' kernels), or None (spread over bytes) for
+    ``bytes``, an empty table or a profile without ceilings yet."""
+    if how not in NEIGHBOUR_PICKS:
+        raise ValueError(f"calibration.neighbours must be one of {list(NEIGHBOUR_PICKS)}, got {how!r}")
+    if how == "bytes" or table is None or not len(table) or roofline_weight(ceilings) is None \
+            or "ridge_flops_per_byte" not in ceilings:
+        return None
+    start = time.perf_counter()
+    pick = committee_picker(table, ceilings, families)
+    console.print(f"held-out scoring: neighbours picked where the L3 forms disagree most (committee fitted on "
+                  f"{int(table['family'].isin(families).sum())} kernels in {time.perf_counter() - start:.1f} s)")
+    return pick
+
+
 def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progress: bool = True,
                      cv_folds: int = 4, refresh: str | bool = "auto",
-                     tolerance: float = DEFAULT_TOLERANCE, heldout: Sequence[KernelSpec] = ()) -> CostModel:
+                     tolerance: float = DEFAULT_TOLERANCE, heldout: Sequence[KernelSpec] = (),
+                     neighbours: str = "committee") -> CostModel:
     """Measure what ``suite`` adds to this device's profile, check that the profile still
     describes this machine, then load or refit the models.
 
@@ -88,6 +107,11 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     freshness check times and a refresh re-measures (a family the suite alone does not
     cover, such as a GNN layer's GEMM, was otherwise predicted from rows of another sitting
     that nothing checked: 2.4-2.8x its measured time in one `gnn_degree` run).
+
+    ``neighbours`` (``calibration.neighbours``) picks the half of each family's neighbours that
+    is not around its heaviest kernels: ``committee``, where the L3 forms fitted on the profile
+    without the traces' kernels disagree most (``costmodel.model.committee``; a profile without
+    ceilings yet falls back to bytes), or ``bytes``, evenly spaced over bytes moved.
     """
     policy, tolerance = check_policy(refresh), check_tolerance(tolerance)
     profile = rt.open_profile()
@@ -98,8 +122,10 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     if heldout:  # neighbours of the scored kernels, never the kernels themselves
         table, _ = heldout_table(profile, heldout_keys)
         short = family_shortfall(table, {s.family for s in heldout})
-        extra = neighbour_suite(heldout, {s.family for s in heldout}, heldout_keys | {s.key() for _, s in suite},
-                                weight=roofline_weight(profile.ceilings()))
+        families = {s.family for s in heldout}
+        extra = neighbour_suite(heldout, families, heldout_keys | {s.key() for _, s in suite},
+                                weight=roofline_weight(profile.ceilings()),
+                                pick_rest=neighbour_picker(neighbours, table, profile.ceilings(), families))
         if short:
             console.print(f"held-out scoring: {', '.join(f'{f} ({n} kernels)' for f, n in short.items())} "
                           f"{'has' if len(short) == 1 else 'have'} too few kernels besides this run's own: "

@@ -196,12 +196,15 @@ def neighbour_specs(spec: KernelSpec) -> list[KernelSpec]:
 
 
 def neighbour_suite(specs: Iterable[KernelSpec], families: Iterable[str], exclude_keys: set[str], *,
-                    weight: Callable[[KernelSpec], float] | None = None) -> list[tuple[str, KernelSpec]]:
+                    weight: Callable[[KernelSpec], float] | None = None,
+                    pick_rest: Callable[[list[KernelSpec], int], list[KernelSpec]] | None = None
+                    ) -> list[tuple[str, KernelSpec]]:
     """Neighbours of the ``specs`` of ``families`` (never a kernel of ``exclude_keys``), at most
     ``NEIGHBOURS_PER_FAMILY`` per family, tagged for calibration: first the neighbours of the
     family's heaviest specs, up to ``HEAVY_SHARE`` of the budget, the sizes scaled together
-    before one field at a time; then the rest at evenly spaced ranks of bytes moved. What a
-    profile measures around an experiment's kernels.
+    before one field at a time; then the rest: ``pick_rest(candidates, n)`` where given (the
+    calibration's: where the L3 forms disagree most, ``costmodel.model.committee``), else at
+    evenly spaced ranks of bytes moved. What a profile measures around an experiment's kernels.
 
     ``specs`` lists a kernel as often as the traces run it (``trace_kernels``) and a kernel's
     heaviness is its ``weight`` (seconds; default bytes moved) times that count: the time it
@@ -232,6 +235,8 @@ def neighbour_suite(specs: Iterable[KernelSpec], families: Iterable[str], exclud
         ranked = [near for _, near in sorted(by_family[family].values(), key=lambda e: (e[0], e[1].key()))]
         if len(ranked) <= NEIGHBOURS_PER_FAMILY:
             chosen = sorted(ranked, key=by_bytes)
+        elif pick_rest is not None:
+            chosen = ranked[:heavy_n] + sorted(pick_rest(ranked[heavy_n:], NEIGHBOURS_PER_FAMILY - heavy_n), key=by_bytes)
         else:
             rest = sorted(ranked[heavy_n:], key=by_bytes)
             ranks = np.unique(np.round(np.linspace(0, len(rest) - 1, NEIGHBOURS_PER_FAMILY - heavy_n)).astype(int))

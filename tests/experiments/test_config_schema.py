@@ -109,6 +109,7 @@ def _cfg(name: str, *overrides: str):
     (["progress=3"], "progress must be true or false, got 3"),                                # shared key, wrong type
     (["calibration.tolerance=20"], "calibration.tolerance must be a number in (0, 10) (0.1 = 10% either way), got 20"),
     (["limits.cpu.max_bytes=0"], "limits.cpu.max_bytes must be a number > 0, got 0"),         # nested base key
+    (["calibration.neighbours=gp"], "calibration.neighbours must be one of ['committee', 'bytes'], got 'gp'"),
     (["moe.num_experts=4", "moe.top_k=9"], "moe.top_k must be in [1, moe.num_experts=4], got 9"),  # experiment's rule
     (["moe.d_ff=-3"], "moe.d_ff must be a positive integer (>= 1), got -3"),                  # experiment's key
 ])

@@ -143,6 +143,34 @@ def test_a_kernel_the_traces_run_often_outweighs_a_larger_one_run_once():
     assert len(near_small) == 8 and len(near_small & once) == 2  # counted once: two, by the spread over bytes
     assert near_small <= weighted and len(weighted) == NEIGHBOURS_PER_FAMILY  # by the time it carries: all eight
 
+def test_the_half_not_around_the_heaviest_kernels_is_whatever_pick_rest_chooses(rt, calibrated):
+    from sim.predict.calibration import neighbour_picker
+
+    small = [GemmSpec(m, 64, 64) for m in range(1, 60)] + [GemmSpec(512, 512, 512)]
+    asked = []
+
+    def last_ones(candidates, n):
+        asked.append((len(candidates), n))
+        return candidates[-n:]
+    by_bytes = {s for _, s in neighbour_suite(small, ["gemm"], set())}
+    picked = neighbour_suite(small, ["gemm"], set(), pick_rest=last_ones)
+    heavy_n = NEIGHBOURS_PER_FAMILY // 2
+    assert len(picked) == NEIGHBOURS_PER_FAMILY and asked[0][1] == NEIGHBOURS_PER_FAMILY - heavy_n
+    assert {GemmSpec(256, 256, 256), GemmSpec(1024, 1024, 1024)} <= {s for _, s in picked}  # the heavy half stays
+    assert {s for _, s in picked} != by_bytes
+    # the calibration's picker: a committee on the profile, or None (spread over bytes)
+    table, _ = heldout_table(rt.open_profile(), set())
+    ceilings = rt.open_profile().ceilings()
+    assert neighbour_picker("bytes", table, ceilings, {"gemm"}) is None
+    assert neighbour_picker("committee", table, None, {"gemm"}) is None  # no ceilings measured yet
+    pick = neighbour_picker("committee", table, ceilings, {"gemm", "sort"})
+    candidates = [GemmSpec(m, 32, 32) for m in (3, 5, 64, 4096)]
+    chosen = pick(candidates, 2)
+    assert len(chosen) == 2 and set(chosen) <= set(candidates) and pick([], 3) == []
+    with pytest.raises(ValueError, match=r"calibration.neighbours must be one of \['committee', 'bytes'\], got 'gp'"):
+        neighbour_picker("gp", table, ceilings, {"gemm"})
+
+
 def test_calibration_measures_neighbours_of_short_families(rt):
     trace = [GemmSpec(8, 32, 32), SoftmaxSpec(4, 8)]
     model = calibrated_model(rt, SUITE + [("grid", SoftmaxSpec(4, 8))], suite_name="t", progress=False,
