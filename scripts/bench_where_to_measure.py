@@ -42,10 +42,8 @@ sys.path.insert(0, str(ROOT))
 from costmodel.model.committee import Committee, pick_by_spread  # noqa: E402
 from costmodel.model.models import FittedCostModel  # noqa: E402
 from costmodel.store.profile import DeviceProfile  # noqa: E402
-from sim.predict.heldout import IGNORED_REFRESH_POLICIES  # noqa: E402
+from sim.predict.heldout import IGNORED_REFRESH_POLICIES, OWN_TAGS  # noqa: E402
 
-#: the tags an experiment writes on its own layers' kernels (what its held-out fit leaves out)
-OWN_TAGS = ("calibration", "paired", "design")
 #: the tag of the kernels an experiment measures near its own (the pool picks come from)
 POOL_TAG = "heldout_neighbour"
 STRATEGIES = ("random", "bytes", "committee")

@@ -39,12 +39,10 @@ from costmodel.families.descriptor import from_record  # noqa: E402
 from costmodel.model.cold_start import kernel_kind  # noqa: E402
 from costmodel.model.models import make_levels  # noqa: E402
 from costmodel.store.profile import DeviceProfile  # noqa: E402
-from sim.predict.heldout import IGNORED_REFRESH_POLICIES, heldout_table  # noqa: E402
+from sim.predict.heldout import IGNORED_REFRESH_POLICIES, OWN_TAGS, heldout_table  # noqa: E402
 
 #: suites written by the bench (training data for every fold), never left out
 BENCH_SUITES = ("full", "quick", "tiny", "small_ops", "load_cost_model")
-#: the tags an experiment writes on its own layers' kernels (what its held-out fit leaves out)
-OWN_TAGS = ("calibration", "paired", "design")
 LEVELS = ("L2", "L3")
 
 

@@ -42,6 +42,9 @@ from costmodel.store.profile import DeviceProfile
 #: rows (distinct kernels) a family needs in the profile once the experiment's own kernels
 #: are left out, for its held-out prediction to rest on more than one or two measurements
 MIN_HELDOUT_ROWS = 3
+#: the tags an experiment writes on its own layers' kernels in a profile (what the scripts that
+#: leave an experiment suite out, ``scripts/heldout_by_suite.py`` and ``bench_where_to_measure.py``, hold out)
+OWN_TAGS = ("calibration", "paired", "design")
 #: refresh records ignored by the held-out fit: a paired run reads its drift off its own kernels
 IGNORED_REFRESH_POLICIES = ("paired",)
 #: size factors of ``neighbour_specs`` (a family with one size field, such as sort, gets the
