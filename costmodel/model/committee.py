@@ -45,7 +45,8 @@ DIVERSITY_RADIUS = 0.5
 
 
 def log_efficiency(table: pd.DataFrame, ceilings: Mapping[str, Any]) -> np.ndarray:
-    """L3's target: log10(measured seconds / roofline seconds), per row of ``table``."""
+    """L3's target (``FittedCostModel._target``): log10(measured seconds / roofline seconds),
+    per row of ``table``."""
     roof = roofline_time_s(table["flops"].to_numpy(float), table["bytes_moved"].to_numpy(float), ceilings)
     return np.log10(table["median_s"].to_numpy(float) / roof)
 
@@ -107,7 +108,11 @@ class Committee:
     def standardised(self, queries: pd.DataFrame, family: str) -> np.ndarray:
         """``queries`` (all of ``family``) as features in the family's training standard units."""
         F = family_features(queries, family, self.ceilings).to_numpy()
-        mean, std = self.scale_.get(family, (F.mean(axis=0), np.where(F.std(axis=0) > 0, F.std(axis=0), 1.0)))
+        if family in self.scale_:
+            mean, std = self.scale_[family]
+        else:  # a family the committee never saw: the queries' own units
+            mean, std = F.mean(axis=0), F.std(axis=0)
+            std = np.where(std > 0, std, 1.0)
         return (F - mean) / std
 
 
