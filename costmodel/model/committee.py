@@ -28,7 +28,7 @@ import pandas as pd
 from threadpoolctl import threadpool_limits
 
 from costmodel.families.descriptor import KernelSpec
-from costmodel.model.features import family_features, kernel_table, roofline_time_s
+from costmodel.model.features import family_features, kernel_table, log_efficiency
 from costmodel.model.models import CLIP_MARGIN_DECADES, L3_CANDIDATES, NATIVE_THREADS, _check_table
 
 #: forms on the committee: every L3 candidate (a committee of one form has no spread)
@@ -42,13 +42,6 @@ NEIGHBOUR_PICKS = ("committee", "bytes")
 #: nearness, in standard deviations of the family's features, within which a pick damps the
 #: spread of the candidates around it (``pick_by_spread``)
 DIVERSITY_RADIUS = 0.5
-
-
-def log_efficiency(table: pd.DataFrame, ceilings: Mapping[str, Any]) -> np.ndarray:
-    """L3's target (``FittedCostModel._target``): log10(measured seconds / roofline seconds),
-    per row of ``table``."""
-    roof = roofline_time_s(table["flops"].to_numpy(float), table["bytes_moved"].to_numpy(float), ceilings)
-    return np.log10(table["median_s"].to_numpy(float) / roof)
 
 
 class Committee:
@@ -68,7 +61,7 @@ class Committee:
         """Fit every form on each family of ``table`` (a profile kernel table with ``median_s``)
         that has at least ``MIN_COMMITTEE_ROWS`` rows."""
         _check_table(table)
-        target = log_efficiency(table, self.ceilings)
+        target = log_efficiency(table, table["median_s"], self.ceilings)
         with threadpool_limits(limits=NATIVE_THREADS), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # GP optimiser chatter
             for family, idx in table.groupby("family").indices.items():

@@ -69,6 +69,12 @@ def roofline_time_s(flops: np.ndarray, bytes_moved: np.ndarray, ceilings: Mappin
     return np.maximum(compute, memory) + float(ceilings["overhead_s"])
 
 
+def log_efficiency(t: pd.DataFrame, seconds: Any, ceilings: Mapping[str, Any]) -> np.ndarray:
+    """L3's target per row of ``t``: log10(measured ``seconds`` / roofline seconds)."""
+    roof = roofline_time_s(t["flops"].to_numpy(float), t["bytes_moved"].to_numpy(float), ceilings)
+    return np.log10(np.asarray(seconds, dtype=np.float64) / roof)
+
+
 def family_features(t: pd.DataFrame, family: str, ceilings: Mapping[str, Any]) -> pd.DataFrame:
     """Feature matrix for rows of one family (index preserved): the features every family
     gets, then the family's own (``costmodel.families.<family>.features``)."""

@@ -40,7 +40,7 @@ from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
 from costmodel.families.descriptor import families
 from costmodel.model.feature_ranges import outside_masks
-from costmodel.model.features import family_features, range_features, roofline_time_s
+from costmodel.model.features import family_features, log_efficiency, range_features, roofline_time_s
 
 MIN_ROWS_FOR_CV = 12  # fewer rows than this: L3 uses the family's median efficiency
 #: L3's log10 efficiency is clipped to the training range widened by this much (x1.26):
@@ -324,8 +324,7 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
         self.cv_folds = cv_folds
 
     def _target(self, X: pd.DataFrame, y: Any) -> np.ndarray:
-        roof = roofline_time_s(X["flops"].to_numpy(float), X["bytes_moved"].to_numpy(float), self.ceilings_)
-        return np.log10(np.asarray(y, dtype=np.float64) / roof)
+        return log_efficiency(X, y, self.ceilings_)
 
     def fit(self, X: pd.DataFrame, y: Any) -> "FittedCostModel":
         with threadpool_limits(limits=NATIVE_THREADS):
