@@ -23,7 +23,9 @@ Every compute op sits in the same ``kernel_scope`` as in ``MoELayer`` (the colle
 not a kernel family yet). With ``time_phases=True`` each forward appends ``perf_counter``
 marks at the phase boundaries of ``sim.distributed.ep_predict.PHASES`` (start, router end,
 dispatch prep end, dispatch end, experts end, combine end, weighted-sum end) to
-``phase_marks``; off by default, and then the forward does nothing extra. The received counts are checked against the plan (ranks given
+``phase_marks``; off by default, and then the forward does nothing extra. ``device`` (or
+``.to(device)``) moves the weights and the routing tensors together: one GPU per process
+under NCCL (``scripts/ep_torchrun.py --device cuda``). The received counts are checked against the plan (ranks given
 different plans fail loudly instead of computing garbage). ``ep_forward_worker`` is the
 per-rank entry point for ``sim.distributed.launch.run_ep``; ``run_ep_forward`` runs several
 (config, plan, routing) cases in one launch and concatenates the shards; ``run_ep_phases``
@@ -81,7 +83,8 @@ class EPMoELayer(nn.Module):
     """Rank ``rank``'s part of an expert-parallel MoE layer; inference only."""
 
     def __init__(self, cfg: MoEConfig, plan: EPPlan, routing: Routing, *, rank: int, seed: int = 0,
-                 reference: MoELayer | None = None, time_phases: bool = False) -> None:
+                 reference: MoELayer | None = None, time_phases: bool = False,
+                 device: torch.device | str = "cpu") -> None:
         super().__init__()
         W = plan.world_size
         if not isinstance(rank, int) or not 0 <= rank < W:
@@ -114,11 +117,14 @@ class EPMoELayer(nn.Module):
         token = np.repeat(np.arange(hi - lo), cfg.top_k)[sent]
         key = place.slot_rank * self.slots_per_rank + place.local_index()  # [S] (rank, local slot) bucket
         dtype = getattr(torch, cfg.dtype)
-        # like MoELayer's routing cache: host routing -> tensors once, not per step
-        self._key = torch.from_numpy(key[slot[sent]])
-        self._token = torch.from_numpy(token.astype(np.int64))
-        self._gate = torch.from_numpy(routing.gates[lo:hi].reshape(-1)[sent].astype(np.float32)).to(dtype)
+        # like MoELayer's routing cache: host routing -> tensors once, not per step; buffers, so
+        # that .to(device) moves them with the weights (NCCL collectives take device tensors)
+        self.register_buffer("_key", torch.from_numpy(key[slot[sent]]), persistent=False)
+        self.register_buffer("_token", torch.from_numpy(token.astype(np.int64)), persistent=False)
+        self.register_buffer("_gate", torch.from_numpy(routing.gates[lo:hi].reshape(-1)[sent].astype(np.float32))
+                             .to(dtype), persistent=False)
         self._expected_rows = [int(plan.slot_rows[s]) for s in self.local_slots]
+        self.to(device)
 
     @torch.no_grad()
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -126,6 +132,8 @@ class EPMoELayer(nn.Module):
         if x.shape != (self.shard_tokens, cfg.d_model):
             raise ValueError(f"rank {self.rank} input must be [shard tokens={self.shard_tokens}, "
                              f"d_model={cfg.d_model}], got {list(x.shape)}")
+        if x.device != self.router.device:
+            raise ValueError(f"rank {self.rank} input is on {x.device}, the layer on {self.router.device}")
         marks = None
         if self.phase_marks is not None:
             marks = [time.perf_counter()]
@@ -167,7 +175,7 @@ class EPMoELayer(nn.Module):
         if slot_counts[:n_local] != self._expected_rows or any(slot_counts[n_local:]):
             raise RuntimeError(f"rank {self.rank} received {slot_counts} rows per local slot, its plan says "
                                f"{self._expected_rows}: the ranks were given different plans")
-        slot_of_row = torch.arange(L).repeat(W).repeat_interleave(recv_counts)  # arrivals: by source, then slot
+        slot_of_row = torch.arange(L, device=x.device).repeat(W).repeat_interleave(recv_counts)  # arrivals: by source, then slot
         with kernel_scope("sort"):
             _, perm = sort(slot_of_row)
         with kernel_scope("gather"):

@@ -1,4 +1,4 @@
-"""A real partitioned GNN layer: one rank's part, run on ``torch.distributed`` (gloo).
+"""A real partitioned GNN layer: one rank's part, run on ``torch.distributed`` (gloo or NCCL).
 
 Each rank owns the nodes a ``PartitionPlan`` (``sim.distributed.graph_partition``) gives it
 and holds their input feature rows. One step (``PartitionedGNNLayer.forward``):
@@ -23,6 +23,9 @@ the edge norms and the backend's per-graph state are rebuilt from the global deg
 The local layer transforms every local row, halo rows included (as exchanging input
 features implies: DistDGL's first layer), and aggregates into a square local graph whose
 halo rows receive nothing; both are in the rank's trace (``gnn_partition_predict``).
+
+``device``: where the rank's layer and buffers live, one GPU per process under NCCL
+(``scripts/gnn_partition_torchrun.py --device cuda``); the CPU with gloo by default.
 
 ``partition_worker`` is the per-rank entry point for ``sim.distributed.launch.run_ep``:
 outputs of every case and, with repeats, the per-phase times of every rank and the step's
@@ -54,7 +57,8 @@ from sim.workloads.gnn_layer import GNNConfig, GNNLayer
 class PartitionedGNNLayer(nn.Module):
     """Rank ``rank``'s part of a partitioned GNN layer; inference only."""
 
-    def __init__(self, cfg: GNNConfig, plan: PartitionPlan, edge_index: Any, *, rank: int, seed: int = 0) -> None:
+    def __init__(self, cfg: GNNConfig, plan: PartitionPlan, edge_index: Any, *, rank: int, seed: int = 0,
+                 device: torch.device | str = "cpu") -> None:
         super().__init__()
         W = plan.world_size
         if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < W:
@@ -63,7 +67,7 @@ class PartitionedGNNLayer(nn.Module):
         self.cfg, self.plan, self.rank = cfg, plan, rank
         self.own = int(plan.actual.nodes[rank])
         local_nodes = plan.local_nodes(rank)
-        self.layer = GNNLayer(local_config(cfg, plan, rank), seed=seed)  # the single-device layer's weights
+        self.layer = GNNLayer(local_config(cfg, plan, rank), seed=seed, device=device)  # the single-device layer's weights
         local = plan.local_edge_index(edge_index, rank)
         if local.shape[1] == 0:
             raise ValueError(f"rank {rank} owns no node with an in-edge: the partitioned layer needs at least one "
@@ -71,7 +75,7 @@ class PartitionedGNNLayer(nn.Module):
         self.graph = self.layer.set_graph(torch.from_numpy(np.ascontiguousarray(local)))
         if cfg.scales_messages:
             self._global_norms(edge_index, local_nodes)
-        self.send_index = torch.from_numpy(plan.send_index(rank))
+        self.send_index = torch.from_numpy(plan.send_index(rank)).to(self.layer.device)
         self.send_split = [int(v) for v in plan.halo_send_rows[rank]]  # rows this rank sends to each rank
         self.recv_split = [int(v) for v in plan.halo_send_rows[:, rank]]  # rows it receives from each rank
 
@@ -81,7 +85,7 @@ class PartitionedGNNLayer(nn.Module):
         out_deg = np.bincount(ei[0], minlength=self.plan.num_nodes).astype(np.float64)[local_nodes]
         in_deg = np.bincount(ei[1], minlength=self.plan.num_nodes).astype(np.float64)[local_nodes]
         layer = self.layer
-        src, dst = layer.src.numpy(), layer.dst.numpy()
+        src, dst = layer.src.cpu().numpy(), layer.dst.cpu().numpy()
         norm = 1.0 / np.sqrt(np.maximum(out_deg[src], 1) * np.maximum(in_deg[dst], 1))
         dtype = getattr(torch, self.cfg.dtype)
         layer.edge_norm = torch.from_numpy(norm).to(layer.device, dtype).unsqueeze(1)
@@ -94,8 +98,9 @@ class PartitionedGNNLayer(nn.Module):
         if x_own.shape != (self.own, cfg.in_features):
             raise ValueError(f"rank {self.rank} input must be [own nodes={self.own}, gnn.in_features="
                              f"{cfg.in_features}], got {list(x_own.shape)}")
-        buf = torch.zeros(self.layer.cfg.num_nodes, cfg.in_features, dtype=getattr(torch, cfg.dtype))
-        buf[: self.own] = x_own
+        buf = torch.zeros(self.layer.cfg.num_nodes, cfg.in_features, dtype=getattr(torch, cfg.dtype),
+                          device=self.layer.device)
+        buf[: self.own] = x_own.to(buf.device)
         return buf
 
     def send(self, buf: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,10 @@ with MAX, so the step's time is the slowest rank's, as a synchronous step is (th
 collectives inside the step already make the fast ranks wait; the MAX also counts the
 waits at its end). The first ``warmup`` repeats are dropped; the rest are returned as the
 project's ``costmodel.measure.timing.Measurement`` (median and IQR, one call per timed block),
-the same on every rank. Meant for small steps and few repeats; it does not retry.
+the same on every rank. Under NCCL (one GPU per process) the clock stops after
+``torch.cuda.synchronize``, as the step's kernels run asynchronously, and the MAX is reduced
+on the process's GPU, where NCCL's tensors live. Meant for small steps and few repeats; it does
+not retry.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ MAX_REPEATS = 1000
 MIN_REPEATS = 3  # a median and an IQR need them (TimingConfig.min_runs)
 
 
+def collective_device() -> torch.device:
+    """Where this process's collectives take their tensors: its current GPU under NCCL, else
+    the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def time_step(step: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
               max_rel_iqr: float = TimingConfig.max_rel_iqr, before: Callable[[], Any] | None = None) -> Measurement:
     """The slowest rank's time of ``step()``, ``repeats`` times after ``warmup`` untimed ones;
@@ -35,6 +46,7 @@ def time_step(step: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
         raise ValueError(f"repeats must be an integer in [{MIN_REPEATS}, {MAX_REPEATS}], got {repeats!r}")
     if not dist.is_initialized():
         raise RuntimeError("time_step runs inside a process group (sim.distributed.launch.run_ep)")
+    device = collective_device()
     times_s = []
     for i in range(warmup + repeats):
         if before is not None:
@@ -42,7 +54,9 @@ def time_step(step: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
         dist.barrier()
         start = time.perf_counter()
         step()
-        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if i >= warmup:
             times_s.append(float(elapsed.item()))
@@ -51,7 +65,7 @@ def time_step(step: Callable[[], Any], *, warmup: int = 1, repeats: int = 5,
     return Measurement(
         times_s=tuple(times_s), number_per_run=1, attempts=1,
         noisy=bool((q3 - q1) / median > max_rel_iqr) if median > 0 else False,
-        device=f"cpu x{world} ({dist.get_backend()})", threads=torch.get_num_threads(),
+        device=f"{device.type} x{world} ({dist.get_backend()})", threads=torch.get_num_threads(),
         spec={"world_size": world, "backend": dist.get_backend(), "warmup": warmup, "repeats": repeats,
               "statistic": "max over ranks per repeat"},
     )

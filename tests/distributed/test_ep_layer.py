@@ -147,6 +147,19 @@ def test_layer_arguments_are_checked_without_a_process_group():
         layer(torch.zeros(48, 16))
 
 
+def test_the_routing_tensors_move_with_the_weights():
+    """NCCL takes device tensors: ``.to(device)`` (or ``device=``) must move the routing cache
+    with the weights; the meta device stands in for a GPU here."""
+    routing = _routing(ZipfRouting(2.0))
+    plan = plan_expert_parallel(CFG, routing, world_size=2)
+    for layer in (EPMoELayer(CFG, plan, routing, rank=0).to("meta"), EPMoELayer(CFG, plan, routing, rank=0, device="meta")):
+        tensors = dict(layer.named_parameters()) | dict(layer.named_buffers())
+        assert {"_key", "_token", "_gate"} <= set(tensors)
+        assert {t.device.type for t in tensors.values()} == {"meta"}
+        with pytest.raises(ValueError, match=re.escape("rank 0 input is on cpu, the layer on meta")):
+            layer(torch.zeros(24, 16))
+
+
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"repeats": 2}, ValueError, "repeats must be an integer in [3, 1000], got 2"),
     ({"warmup": -1}, ValueError, "warmup must be an integer in [0, 100], got -1"),
