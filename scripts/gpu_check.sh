@@ -33,7 +33,7 @@
 #   STAGES= line that runs the rest. With WORK=/tmp/gpu_work (kept between calls on a warm
 #   machine) that rerun continues the same profile:
 #     WORK=/tmp/gpu_work scripts/gpu_check.sh; then at once WORK=/tmp/gpu_work STAGES="..." scripts/gpu_check.sh
-# Budgets (s): preflight 30 (17-19 measured) | gpu_tests 45 (10) | bench 60 (30 from empty) | fit 45 (22) |
+# Budgets (s): preflight 30 (17-19 measured) | gpu_tests 45 (10) | torchrun 45 | bench 60 (30 from empty) | fit 45 (22) |
 #   moe_skew 180 | gnn_degree 120 | hf_moe 180 | pyg_conv 120 | moe_design 60 | gemm_same_flops 60 | mlp_batch 45
 # experiment=placement is not run: its devices are sets of CPU cores, and one GPU has nothing
 # to place across. An experiment whose config is missing from the tree is skipped.
@@ -199,6 +199,14 @@ with initialize_config_dir(config_dir=conf, version_base=None):
 EOF
 fi
 stage gpu_tests 45 "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_path.py
+# the EP and partitioned GNN layers under torchrun, one process per GPU under NCCL (the dry run: 2 gloo
+# processes), each output checked against the single-device layer
+if [ "$DRY_RUN" = "1" ]; then RANKS=2; RANK_DEVICE=cpu; else
+  RANKS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); RANKS=$(( RANKS < 1 ? 1 : (RANKS > 8 ? 8 : RANKS) )); RANK_DEVICE=cuda
+fi
+stage torchrun 45 bash -c "set -e; for s in ep_torchrun gnn_partition_torchrun; do
+  \"$PY\" -m torch.distributed.run --nproc_per_node=$RANKS --master_port=\$((29500 + RANDOM % 1000)) \
+    scripts/\$s.py --device $RANK_DEVICE --repeats 5 --check --timeout-s 60; done"
 stage bench 60 "$PY" -m costmodel bench "${COMMON[@]}" "${BENCH[@]}" "hydra.run.dir=$WORK/bench"
 stage fit 45 "$PY" -m costmodel fit "${COMMON[@]}" "hydra.run.dir=$WORK/fit"
 declare -A EXP_BUDGET=([moe_skew]=180 [gnn_degree]=120 [hf_moe]=180 [pyg_conv]=120 [moe_design]=60 [gemm_same_flops]=60 [mlp_batch]=45)

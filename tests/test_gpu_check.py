@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from image_venv import make_image_venv  # noqa: E402
 
 pytestmark = pytest.mark.slow
-STAGES = ["preflight", "gpu_overrides", "gpu_tests", "bench", "fit", "moe_skew", "gnn_degree", "hf_moe", "pyg_conv",
+STAGES = ["preflight", "gpu_overrides", "gpu_tests", "torchrun", "bench", "fit", "moe_skew", "gnn_degree", "hf_moe", "pyg_conv",
           "moe_design", "gemm_same_flops", "mlp_batch"]
 
 
