@@ -39,7 +39,7 @@ from costmodel.families.descriptor import from_record  # noqa: E402
 from costmodel.model.cold_start import kernel_kind  # noqa: E402
 from costmodel.model.models import make_levels  # noqa: E402
 from costmodel.store.profile import DeviceProfile  # noqa: E402
-from sim.predict.heldout import IGNORED_REFRESH_POLICIES, OWN_TAGS, heldout_table  # noqa: E402
+from sim.predict.heldout import IGNORED_REFRESH_POLICIES, MIN_HELDOUT_ROWS, OWN_TAGS, family_shortfall, heldout_table  # noqa: E402
 
 #: suites written by the bench (training data for every fold), never left out
 BENCH_SUITES = ("full", "quick", "tiny", "small_ops", "load_cost_model")
@@ -49,9 +49,18 @@ LEVELS = ("L2", "L3")
 def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict, cv_folds: int,
          tags: tuple[str, ...] = OWN_TAGS) -> pd.DataFrame:
     """The kernels of ``suite``'s layers (its rows tagged ``tags``), predicted by models fitted
-    without them (the training table is ``heldout_table``'s: the experiments' own exclusion rule)."""
+    without them (the training table is ``heldout_table``'s: the experiments' own exclusion rule).
+    A family left with fewer than ``MIN_HELDOUT_ROWS`` rows cannot be predicted held out: its
+    kernels are left out of the fold and named on the console, as an experiment's ``HeldOutError``
+    names them."""
     test = table[(table["suite"] == suite) & table["tag"].astype(str).isin(tags)].reset_index(drop=True)
     train, _ = heldout_table(profile, set(test["key"]))
+    short = family_shortfall(train, test["family"].astype(str))
+    if short:
+        print(f"  {suite}: not predictable held out, fewer than {MIN_HELDOUT_ROWS} kernels left of "
+              + ", ".join(f"{f} ({n} left, {int((test['family'] == f).sum())} of {suite}'s skipped)"
+                          for f, n in short.items()), flush=True)
+        test = test[~test["family"].isin(list(short))].reset_index(drop=True)
     y = train["median_s"].to_numpy(dtype=np.float64)
     levels = {lv: m.fit(train, y) for lv, m in make_levels(ceilings, cv_folds=cv_folds).items() if lv in LEVELS}
     out = pd.DataFrame({"suite": suite, "key": test["key"], "family": test["family"],

@@ -76,3 +76,20 @@ def test_tags_no_suite_has_are_refused(script, profile, capsys):
         script.main([str(profile.path), "--tags", "design"])
     assert err.value.code == 2
     assert "--tags design: suites ['moe'] have no such rows" in capsys.readouterr().err
+
+
+def test_a_family_only_the_suite_has_is_named_and_skipped_not_a_crash(script, profile, tmp_path, capsys):
+    """The one-thread EPYC profile's `placement` suite holds the only `spmm` kernels: leaving them
+    out left the fit without the family, and the whole script stopped at that fold."""
+    from costmodel.families.softmax import SoftmaxSpec
+
+    sm = [SoftmaxSpec(r, 64) for r in (8, 32)]
+    profile.append_measurements([{"key": s.key(), "round": 0, **s.to_record(), "flops": s.flops(),
+                                  "bytes_moved": s.bytes_moved(), "median_s": 2e-6 * s.rows, "iqr_s": 1e-8,
+                                  "noisy": False, "suite": "moe", "tag": "calibration"} for s in sm])
+    out = tmp_path / "out"
+    assert script.main([str(profile.path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "moe: not predictable held out, fewer than 3 kernels left of softmax (0 left, 2 of moe's skipped)" in printed
+    kernels = pd.read_csv(out / "kernels.csv")
+    assert sorted(kernels["key"]) == sorted(GemmSpec(m, 512, 512).key() for m in (3, 24, 200))
