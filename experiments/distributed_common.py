@@ -3,7 +3,9 @@ one variant over another (a load-aware expert placement over contiguous, METIS o
 partitioning), measured and predicted, and how often the straggler rank was predicted right;
 the cores a run may pin its ranks to; the co-location factors of their ranks (``ep.colocation``,
 ``partition.colocation``: ``costmodel.colocation.MODES``); the frame of their per-rank
-timeline plots; the console tail of a measured run."""
+timeline plots; the console tail of a measured run; the collectives of a predict-only what-if:
+the backend the predicted device's processes run (``collective_backend``), or a link the user
+states (``ep.link``, ``partition.link``: ``check_link``, ``stated_link_model``)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,66 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
+from costmodel.cli.config_schema import Interval
 from experiments.common import console, plt, print_summary, print_table
 
 GAIN_LEVELS = ("L0", "L2", "L3")
+
+#: the torch.distributed backend between the processes of a device kind (what a collective
+#: profile of that device is measured on): gloo between CPU processes, NCCL between GPUs
+COLLECTIVE_BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+def link_constraints(block: str) -> dict[str, Any]:
+    """The schema of ``<block>.link`` (a stated link for measure=false what-ifs; null: none)."""
+    return {f"{block}.link.latency_us": [Interval(float, 0, None, words="a number of microseconds >= 0"), None],
+            f"{block}.link.bandwidth_gb_per_s": [Interval(float, 0, None, closed="neither",
+                                                          words="a number of GB/s > 0"), None]}
+
+
+def check_link(block: Mapping[str, Any], field: str, measuring: bool) -> dict[str, float] | None:
+    """``<field>.link`` (fields checked by ``link_constraints``): None when not stated; both
+    values or neither, and only for a predict-only run (a measured run times its collectives)."""
+    link = block.get("link") or {}
+    latency, bandwidth = link.get("latency_us"), link.get("bandwidth_gb_per_s")
+    if latency is None and bandwidth is None:
+        return None
+    if measuring:
+        raise ValueError(f"{field}.link states a link for measure=false what-ifs; a measured run times its own "
+                         f"collectives: set measure=false or drop {field}.link")
+    if latency is None or bandwidth is None:
+        raise ValueError(f"{field}.link needs both latency_us and bandwidth_gb_per_s, got latency_us={latency!r}, "
+                         f"bandwidth_gb_per_s={bandwidth!r}")
+    return {"latency_us": float(latency), "bandwidth_gb_per_s": float(bandwidth)}
+
+
+def collective_backend(fingerprint: Any) -> str:
+    """The collective backend between processes of the device a profile ``fingerprint`` describes."""
+    kind = str(getattr(fingerprint, "device_kind", "cpu"))
+    if kind not in COLLECTIVE_BACKENDS:
+        raise ValueError(f"no collective backend is known for device kind {kind!r} (known: {sorted(COLLECTIVE_BACKENDS)})")
+    return COLLECTIVE_BACKENDS[kind]
+
+
+def stated_link_model(link: Mapping[str, float], world_size: int, backend: str, field: str) -> tuple[Any, str]:
+    """An L2-only all-to-all of the stated link: ``t = alpha + bytes moved / beta`` per rank
+    (``costmodel.collectives.make_latency_bandwidth_model``; bytes moved = sent + received off
+    the rank, so a full-duplex link of B GB/s each way is 2B), and how it was made."""
+    from costmodel.collectives import make_latency_bandwidth_model  # noqa: PLC0415
+
+    cm = make_latency_bandwidth_model(link["latency_us"] * 1e-6, link["bandwidth_gb_per_s"] * 1e9, world_size,
+                                      backend=backend)
+    return cm, (f"a stated link ({field}.link, not measured): alpha {link['latency_us']:g} us, "
+                f"{link['bandwidth_gb_per_s']:g} GB/s moved per rank (sent + received), {backend} W={world_size}")
+
+
+def missing_link_message(fingerprint: Any, backend: str, world_size: int, field: str) -> str:
+    """What a what-if for another device kind says when no collective model of its backend is stored."""
+    return (f"measure=false with profile {fingerprint.id} (a {fingerprint.device_kind} device) needs a {backend} "
+            f"all-to-all model for W={world_size}, and this host's gloo collectives say nothing about it (the "
+            f"collective bench runs gloo processes; an NCCL one is not built yet). State the link instead: "
+            f"{field}.link.latency_us=... {field}.link.bandwidth_gb_per_s=... (bytes moved per rank per second, "
+            f"sent + received; a full-duplex link of B GB/s each way is 2B)")
 
 
 #: a predicted gain counts as right within this many points of the measured one (issue 27's target)

@@ -49,9 +49,9 @@ from experiments.common import (  # noqa: E402
     plot_predicted_vs_measured, predict_only_summary, print_table, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
-    colocation_details, finish_timelines, label_timeline_axis,
-    gain_summary, print_gains, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
-    timeline_grid, usable_cores, variant_gains,
+    check_link, collective_backend, colocation_details, finish_timelines, label_timeline_axis, link_constraints,
+    gain_summary, missing_link_message, print_gains, print_straggler_and_summary, rank_colocation, round_columns,
+    stated_link_model, straggler_summary, timeline_grid, usable_cores, variant_gains,
 )
 from experiments.gnn_degree import CONSTRAINTS as GNN_CONSTRAINTS  # noqa: E402
 from experiments.gnn_degree import gnn_configs, graph_sweep, make_graphs, runnable_configs  # noqa: E402
@@ -107,6 +107,7 @@ CONSTRAINTS: dict[str, Any] = {
     "partition.timeout_s": Interval(int, 10, 3600),
     "partition.colocation": Options(list(COLOCATION_MODES)),
     "partition.keep_awake": Options([True, False]),
+    **link_constraints("partition"),
 }
 
 
@@ -134,7 +135,8 @@ def check_partition(cfg: Mapping[str, Any], num_nodes: int, measuring: bool) -> 
     return {"world_size": W if measuring else whatif, "partitioners": list(dict.fromkeys(names)),
             "warmup": part.get("warmup", 2), "repeats": part.get("repeats", 10), "rounds": part.get("rounds", 3),
             "timeout_s": part.get("timeout_s", 600), "collective_suite": part.get("collective_suite", "full"),
-            "colocation": part.get("colocation", "measure"), "keep_awake": part.get("keep_awake", True)}
+            "colocation": part.get("colocation", "measure"), "keep_awake": part.get("keep_awake", True),
+            "link": check_link(part, "partition", measuring)}
 
 
 def validate(cfg: Any) -> tuple[list[GNNConfig], dict[str, Any], tuple[int, dict[str, bool], list[tuple[Any, Any]]]]:
@@ -257,6 +259,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     rt = Runtime.from_cfg(cfg, checked=True)
     configs, unavailable = runnable_configs(configs)
     measuring = check_measure_keys(cfg)
+    whatif = None if measuring else _whatif_models(cfg, rt, part)  # before planning: a missing link fails first
     out = output_dir(cfg, out_dir)
     progress = bool(cfg.get("progress", True))
     W = part["world_size"]
@@ -272,8 +275,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         "world_size": W, "partitioners": part["partitioners"], "backends": [c.backend for c in configs],
         "unavailable_backends": unavailable, "collective_backend": BACKEND, "threads_per_rank": 1,
     }
-    if not measuring:
-        return _predict_only(cfg, rt, points, details, out, part)
+    if whatif is not None:
+        return _predict_only(rt, points, details, out, part, *whatif)
     edgeless = [(pt["partitioner"], pt["value"], r) for pt in points for r in range(W) if pt["plan"].actual.edges[r] == 0]
     if edgeless:
         p, v, r = edgeless[0]
@@ -479,11 +482,25 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
 # ----------------------------------------------------------------------------- measure=false
 
 
-def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, Any]], details: dict[str, Any],
-                  out: Path, part: Mapping[str, Any]) -> dict[str, Any]:
+def _whatif_models(cfg: Mapping[str, Any], rt: Runtime, part: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """measure=false: the kernel model as fitted (``profile.id``: another device's) and the
+    collectives of that device's backend at the what-if's W, with how they were found: a
+    stated link (``partition.link``), else for gloo ``_collectives``. This host's gloo
+    collectives say nothing about GPUs: a GPU profile needs a stated link."""
     W = part["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
-    cm, how = _collectives(rt, W, measuring=False, suite=part["collective_suite"], keep_awake=part["keep_awake"])
+    backend = collective_backend(model.fingerprint)  # the predicted device's: NCCL for a GPU profile
+    if part["link"] is not None:
+        return (model, *stated_link_model(part["link"], W, backend, "partition"))
+    if backend != BACKEND:
+        raise ValueError(missing_link_message(model.fingerprint, backend, W, "partition"))
+    return (model, *_collectives(rt, W, measuring=False, suite=part["collective_suite"], keep_awake=part["keep_awake"]))
+
+
+def _predict_only(rt: Runtime, points: list[dict[str, Any]], details: dict[str, Any], out: Path,
+                  part: Mapping[str, Any], model: Any, cm: Any, how: str) -> dict[str, Any]:
+    W = part["world_size"]
+    details = {**details, "collective_backend": collective_backend(model.fingerprint)}
     colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=False,
                                      what="gnn_partition", profile=rt.profile_root / model.fingerprint.id)
     rows, per_point = [], []
@@ -505,8 +522,9 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                                         for lv in ("L0", "L2", "L3")},
                           "collective_extrapolating": l3.collective_note})
     df = pd.DataFrame(rows)
-    note = (f"predict-only what-if at W={W}: nothing measured; the halo all-to-all extrapolates beyond what was "
-            f"measured ({how})")
+    note = (f"predict-only what-if at W={W}: nothing measured; the halo all-to-all is {how}" if part["link"] is not None
+            else f"predict-only what-if at W={W}: nothing measured; the halo all-to-all extrapolates beyond what was "
+                 f"measured ({how})")
     console.print(f"[yellow]{note}[/]")
     details = {**details, "extrapolates": note, "collective_model": {"how": how},
                "colocation": {"mode": part["colocation"], "how": colo_how, "applied": colo is not None},
@@ -519,7 +537,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
     print_table(df, {"value": "", "partitioner": "", "backend": "", "edge_cut_share": ".2f", "plan_skew_share": ".2f",
                      "pred_L0_s": "ms", "pred_L2_s": "ms", "pred_L3_s": "ms", "straggler_pred": "",
                      "skew_share_L3": ".2f"},
-                title=f"partitioned GNN step predicted at W={W} (ms; measure=false: nothing measured, collectives "
-                      "extrapolated)")
+                title=f"partitioned GNN step predicted at W={W} on {model.fingerprint.device_name} (ms; measure=false: "
+                      f"nothing measured, collectives {'stated' if part['link'] is not None else 'extrapolated'})")
     console.print(f"outputs in {out}")
     return summ

@@ -60,9 +60,9 @@ from experiments.common import (  # noqa: E402
     plot_predicted_vs_measured, predict_only_summary, print_table, ratio_summary, ratio_words, summary, write_outputs,
 )
 from experiments.distributed_common import (  # noqa: E402
-    colocation_details, finish_timelines, label_timeline_axis,
-    gain_summary, print_gains, print_straggler_and_summary, rank_colocation, round_columns, straggler_summary,
-    timeline_grid, usable_cores, variant_gains,
+    check_link, collective_backend, colocation_details, finish_timelines, label_timeline_axis, link_constraints,
+    gain_summary, missing_link_message, print_gains, print_straggler_and_summary, rank_colocation, round_columns,
+    stated_link_model, straggler_summary, timeline_grid, usable_cores, variant_gains,
 )
 from experiments.moe_skew import CONSTRAINTS as MOE_CONSTRAINTS  # noqa: E402
 from experiments.moe_skew import moe_configs, routing_generators  # noqa: E402
@@ -116,6 +116,7 @@ CONSTRAINTS: dict[str, Any] = {
     "ep.collectives": Options(list(COLLECTIVE_SOURCES)),
     "ep.colocation": Options(list(COLOCATION_MODES)),
     "ep.keep_awake": Options([True, False]),
+    **link_constraints("ep"),
 }
 
 
@@ -173,7 +174,7 @@ def check_ep(cfg: Mapping[str, Any], base: MoEConfig, measuring: bool) -> dict[s
             "warmup": ep.get("warmup", 2), "repeats": ep.get("repeats", 6), "rounds": ep.get("rounds", 3),
             "timeout_s": ep.get("timeout_s", 600),
             "collectives": ep.get("collectives", "profile"), "colocation": ep.get("colocation", "measure"),
-            "keep_awake": ep.get("keep_awake", True)}
+            "keep_awake": ep.get("keep_awake", True), "link": check_link(ep, "ep", measuring)}
 
 
 def validate(cfg: Any) -> tuple[list[MoEConfig], list[tuple[Any, Any]], float | None, dict[str, Any]]:
@@ -243,6 +244,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     if not configs:
         raise ValueError(f"no requested MoE backend can run here: {unavailable}")
     measuring = check_measure_keys(cfg)
+    whatif = None if measuring else _whatif_models(cfg, rt, ep)  # before planning: a missing link fails first
     out = output_dir(cfg, out_dir)
     progress = bool(cfg.get("progress", True))
     points = _plan_points(cfg, rt, configs, generators, capacity, ep)
@@ -254,8 +256,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         "placements": sorted({pt["placement"] for pt in points}), "backends": [c.backend for c in configs],
         "collective_backend": BACKEND,
     }
-    if not measuring:
-        return _predict_only(cfg, rt, points, details, out, ep)
+    if whatif is not None:
+        return _predict_only(rt, points, details, out, ep, *whatif)
 
     shard_cfgs = [MoEConfig(**{**c.__dict__, "tokens": math.ceil(c.tokens / ep["world_size"])}) for c in configs]
     suite = moe_suite(list(configs) + shard_cfgs)
@@ -499,15 +501,30 @@ def _plot_timelines(points: Sequence[Mapping[str, Any]], path: Path, *, scoring:
 # ----------------------------------------------------------------------------- measure=false
 
 
-def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, Any]], details: dict[str, Any],
-                  out: Path, ep: Mapping[str, Any]) -> dict[str, Any]:
-    W = details["world_size"]
+def _whatif_models(cfg: Mapping[str, Any], rt: Runtime, ep: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """measure=false: the kernel model as fitted (``profile.id``: another device's) and the
+    all-to-all of that device's backend at the what-if's W, with how it was found: a stated
+    link (``ep.link``), else for gloo the collective profile of W or the W=2 one extrapolated.
+    This host's gloo collectives say nothing about GPUs: a GPU profile needs a stated link."""
+    W = ep["world_size"]
     model = fitted_model(rt, profile_id=cfg["profile"].get("id"))
-    cm, how = collective_model_for(W, BACKEND, rt.profile_root, keep_awake=ep["keep_awake"])
+    backend = collective_backend(model.fingerprint)  # the predicted device's: NCCL for a GPU profile
+    if ep["link"] is not None:
+        return (model, *stated_link_model(ep["link"], W, backend, "ep"))
+    if backend != BACKEND:
+        raise ValueError(missing_link_message(model.fingerprint, backend, W, "ep"))
+    cm, how = collective_model_for(W, backend, rt.profile_root, keep_awake=ep["keep_awake"])
     if cm is None:
         base, base_how = _collectives(rt, 2, measuring=False, keep_awake=ep["keep_awake"])
         cm = whatif_from(base, W)
         how = f"{base_how}; latency-bandwidth with its W=2 alpha and beta, extrapolated to W={W}"
+    return model, cm, how
+
+
+def _predict_only(rt: Runtime, points: list[dict[str, Any]], details: dict[str, Any], out: Path,
+                  ep: Mapping[str, Any], model: Any, cm: Any, how: str) -> dict[str, Any]:
+    W = details["world_size"]
+    details = {**details, "collective_backend": collective_backend(model.fingerprint)}
     times = cost_model_kernel_times(model)
     colo, colo_how = rank_colocation(rt, ep["world_size"], ep["colocation"], field="ep.colocation", measuring=False,
                                      what="moe_ep", profile=rt.profile_root / model.fingerprint.id)
@@ -525,7 +542,8 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
                           "predicted": {lv: v for lv, v in pred.to_dict().items() if lv in ("L0", "L2", "L3")},
                           "collective_extrapolating": pred.collective_extrapolating})
     df = pd.DataFrame(rows)
-    note = f"predict-only what-if at W={W}: the all-to-all model extrapolates ({how})"
+    note = (f"predict-only what-if at W={W}: the all-to-all is {how}" if ep["link"] is not None
+            else f"predict-only what-if at W={W}: the all-to-all model extrapolates ({how})")
     console.print(f"[yellow]{note}[/]")
     details = {**details, "extrapolates": note, "colocation": {"mode": ep["colocation"], "how": colo_how,
                                                                "applied": colo is not None,
@@ -538,6 +556,7 @@ def _predict_only(cfg: Mapping[str, Any], rt: Runtime, points: list[dict[str, An
     _plot_timelines(per_point, out / "ep_timelines.png", scoring=f"L3 as fitted, W={W}, extrapolated", measured=False)
     print_table(df, {"value": "", "placement": "", "backend": "", "plan_skew_share": ".2f", "pred_L0_s": "ms",
                      "pred_L2_s": "ms", "pred_L3_s": "ms", "straggler_pred": "", "skew_share_L3": ".2f"},
-                title=f"EP MoE step predicted at W={W} (ms; measure=false: nothing measured, collectives extrapolated)")
+                title=f"EP MoE step predicted at W={W} on {model.fingerprint.device_name} (ms; measure=false: nothing "
+                      f"measured, collectives {'stated' if ep['link'] is not None else 'extrapolated'})")
     console.print(f"outputs in {out}")
     return summ

@@ -99,6 +99,20 @@ def test_predict_only_what_if_at_a_larger_world_size_says_it_extrapolates(tiny_r
     assert colo["mode"] == "measure" and colo["applied"] and "the factors last measured" in colo["how"]
 
 
+def test_a_stated_link_carries_the_halo_exchange_of_the_what_if(tiny_run, tmp_path):
+    from experiments import gnn_partition
+
+    steps = {}
+    for latency_us in (0, 1e6):  # one halo all-to-all a step: a one-second latency adds one second
+        out = tmp_path / f"link{latency_us:g}"
+        gnn_partition.run(_cfg(tiny_run["root"], "measure=false", f"partition.link.latency_us={latency_us}",
+                               "partition.link.bandwidth_gb_per_s=100"), out_dir=out)
+        written = json.loads((out / "summary.json").read_text())
+        assert "a stated link (partition.link, not measured)" in written["details"]["extrapolates"]
+        steps[latency_us] = pd.read_csv(out / "results.csv")["pred_L3_s"]
+    assert ((steps[1e6] - steps[0] - 1.0).abs() < 1e-3).all(), (steps[1e6] - steps[0]).tolist()
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["partition.partitioners=[random,spectral]"], "partition.partitioners[1] must be one of ['random', 'metis'], "
                                                    "got 'spectral'"),
@@ -114,6 +128,10 @@ def test_predict_only_what_if_at_a_larger_world_size_says_it_extrapolates(tiny_r
                                          "got 'sometimes'"),
     (["measure=false", "partition.whatif_world_size=1000"],
      "partition.whatif_world_size must be an integer in [2, 512], got 1000"),
+    (["partition.link.latency_us=5", "partition.link.bandwidth_gb_per_s=100"],
+     "partition.link states a link for measure=false what-ifs; a measured run times its own collectives"),
+    (["measure=false", "partition.link.bandwidth_gb_per_s=100"],
+     "partition.link needs both latency_us and bandwidth_gb_per_s, got latency_us=None, bandwidth_gb_per_s=100"),
 ])
 def test_bad_input_names_the_field_and_range_before_measuring(tmp_path, overrides, message):
     from experiments import gnn_partition

@@ -1,11 +1,18 @@
-"""The gains and straggler counts the multi-process experiments report, on hand-made rows."""
+"""The gains and straggler counts the multi-process experiments report, on hand-made rows; the
+collective backend of a predicted device and the all-to-all of a stated link, by hand."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from experiments.distributed_common import gain_summary, round_columns, straggler_summary, variant_gains
+from types import SimpleNamespace
+
+import numpy as np
+
+from experiments.distributed_common import (
+    collective_backend, gain_summary, round_columns, stated_link_model, straggler_summary, variant_gains,
+)
 
 
 def _rows(measured: bool = True) -> pd.DataFrame:
@@ -58,3 +65,19 @@ def test_straggler_summary_counts_only_clear_points():
     df = pd.DataFrame({"straggler_clear": [True, True, False], "straggler_pred": [0, 1, 1],
                        "straggler_measured": [0, 0, 0]})
     assert straggler_summary(df, "r") == {"points": 3, "clear_points": 2, "agree": 1, "rule": "r"}
+
+
+def test_the_collective_backend_follows_the_predicted_device():
+    assert collective_backend(SimpleNamespace(device_kind="cpu")) == "gloo"
+    assert collective_backend(SimpleNamespace(device_kind="cuda")) == "nccl"
+    with pytest.raises(ValueError, match="no collective backend is known for device kind 'tpu'"):
+        collective_backend(SimpleNamespace(device_kind="tpu"))
+
+
+def test_a_stated_link_is_alpha_plus_bytes_moved_over_its_bandwidth():
+    cm, how = stated_link_model({"latency_us": 10.0, "bandwidth_gb_per_s": 100.0}, 4, "nccl", "ep")
+    send = np.full((4, 4), 1e6)  # 1 MB to every rank: 3 MB sent and 3 MB received off the rank
+    # 10 us + (3e6 + 3e6) B / 1e11 B/s = 10 us + 60 us
+    np.testing.assert_allclose(cm.predict_all_to_all_s(send, level="L2"), [70e-6] * 4, rtol=1e-9)
+    assert how == ("a stated link (ep.link, not measured): alpha 10 us, 100 GB/s moved per rank (sent + received), "
+                   "nccl W=4")

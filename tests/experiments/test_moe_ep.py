@@ -36,6 +36,15 @@ def _cfg(profile_root: Path, *extra: str):
     (["ep.repeats=2"], "ep.repeats must be an integer in [3, 200], got 2"),
     (["ep.whatif_world_size=9"], "ep.whatif_world_size must be an integer in [2, 4], got 9"),
     (["ep.keep_awake=sometimes"], "ep.keep_awake must be one of [True, False], got 'sometimes'"),
+    (["ep.link.latency_us=5", "ep.link.bandwidth_gb_per_s=100"],
+     "ep.link states a link for measure=false what-ifs; a measured run times its own collectives: set measure=false "
+     "or drop ep.link"),
+    (["measure=false", "ep.link.latency_us=5"],
+     "ep.link needs both latency_us and bandwidth_gb_per_s, got latency_us=5, bandwidth_gb_per_s=None"),
+    (["measure=false", "ep.link.latency_us=5", "ep.link.bandwidth_gb_per_s=0"],
+     "ep.link.bandwidth_gb_per_s must be a number of GB/s > 0 or null, got 0"),
+    (["measure=false", "ep.link.latency_us=-1", "ep.link.bandwidth_gb_per_s=10"],
+     "ep.link.latency_us must be a number of microseconds >= 0 or null, got -1"),
 ])
 def test_bad_input_names_the_field_and_range_before_measuring(tmp_path, overrides, message):
     module = importlib.import_module("experiments.moe_ep")
@@ -108,6 +117,32 @@ def test_predict_only_extrapolates_to_a_larger_world_size(tiny_run, tmp_path):
     assert "extrapolates" in written["details"]["extrapolates"]
     assert all(len(p["predicted"]["L3"]["ranks"]) == 4 for p in written["details"]["ep"]["points"])
     assert summary["n_points"] == 6 and (out / "ep_timelines.png").exists()
+
+
+def test_a_stated_link_replaces_the_collective_profile_in_the_what_if(tiny_run, tmp_path):
+    root, _, _ = tiny_run
+    module = importlib.import_module("experiments.moe_ep")
+    steps = {}
+    for latency_us in (0, 1e6):  # a one-second latency per all-to-all: the counts, the rows and the combine pay it
+        out = tmp_path / f"link{latency_us:g}"
+        module.run(_cfg(root / "profiles", "measure=false", f"ep.link.latency_us={latency_us}",
+                        "ep.link.bandwidth_gb_per_s=100"), out_dir=out)
+        written = json.loads((out / "summary.json").read_text())
+        assert "a stated link (ep.link, not measured): alpha" in written["details"]["extrapolates"]
+        assert written["details"]["collective_backend"] == "gloo"  # the predicted device's (a CPU profile here)
+        steps[latency_us] = pd.read_csv(out / "results.csv")["pred_L3_s"]
+    assert ((steps[1e6] - steps[0] - 3.0).abs() < 1e-3).all(), (steps[1e6] - steps[0]).tolist()
+
+
+def test_a_gpu_profile_needs_a_stated_link_and_says_so_before_planning(tiny_run, tmp_path, monkeypatch):
+    root, _, _ = tiny_run
+    module = importlib.import_module("experiments.moe_ep")
+    monkeypatch.setattr(module, "collective_backend", lambda fingerprint: "nccl")  # as for a cuda-* profile
+    monkeypatch.setattr(module, "_plan_points", lambda *a, **k: pytest.fail("planned before the collectives check"))
+    with pytest.raises(ValueError, match=re.escape("needs a nccl all-to-all model for W=4, and this host's gloo "
+                                                   "collectives say nothing about it")) as err:
+        module.run(_cfg(root / "profiles", "measure=false"), out_dir=tmp_path / "out")
+    assert "ep.link.latency_us=... ep.link.bandwidth_gb_per_s=..." in str(err.value)
 
 
 def test_phase_ratios_compare_each_local_phase_and_skip_the_ones_not_run():
