@@ -33,7 +33,7 @@ import torch.distributed as dist  # noqa: E402
 from sim.distributed.ep_layer import EPMoELayer  # noqa: E402
 from sim.distributed.ep_plan import plan_expert_parallel  # noqa: E402
 from sim.distributed.step_timing import time_step  # noqa: E402
-from sim.distributed.torchrun_env import DEVICES, LaunchError, join_group  # noqa: E402
+from sim.distributed.torchrun_env import LaunchError, add_launch_arguments, gathered_shards, join_group  # noqa: E402
 from sim.workloads.moe_layer import MoEConfig, MoELayer  # noqa: E402
 from sim.workloads.routing import ZipfRouting, route  # noqa: E402
 
@@ -47,11 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--backend", default="loop", help="expert backend per rank (sim/workloads/backends/moe.py)")
     p.add_argument("--zipf", type=float, default=1.0, help="routing concentration (Zipf exponent, 0 = uniform)")
     p.add_argument("--placement", default="contiguous", help="contiguous | round_robin | load_aware")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--device", default="auto", choices=DEVICES,
-                   help="auto: a GPU per process (NCCL) where CUDA is there, else the CPU (gloo)")
-    p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--check", action="store_true", help="compare the gathered output with the single-device layer")
+    add_launch_arguments(p)
     return p.parse_args(argv)
 
 
@@ -75,16 +71,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             y_local = layer(x_local)
             step = time_step(lambda: layer(x_local), warmup=2, repeats=args.repeats)
-        if args.check:
-            shards = [None] * me.world_size
-            dist.all_gather_object(shards, y_local.cpu().numpy())
-            if me.rank == 0:
-                with torch.no_grad():
-                    y_ref = MoELayer(cfg, seed=0)(x, routing).numpy()
-                err = float(np.abs(np.concatenate(shards) - y_ref).max())
-                print(f"output vs the single-device layer: max |diff| = {err:.2e}")
-                if err > 1e-4:
-                    return 1
+        shards = gathered_shards(y_local, me) if args.check else None
+        if shards is not None:  # rank 0
+            with torch.no_grad():
+                y_ref = MoELayer(cfg, seed=0)(x, routing).numpy()
+            err = float(np.abs(np.concatenate(shards) - y_ref).max())
+            print(f"output vs the single-device layer: max |diff| = {err:.2e}")
+            if err > 1e-4:
+                return 1
         if me.rank == 0:
             print(f"EP step on {me.world_size} ranks ({dist.get_backend()}, {args.placement}, zipf {args.zipf}): "
                   f"{step.median_s * 1e3:.3f} ms median over {args.repeats} repeats, IQR {step.iqr_s * 1e3:.3f} ms; "

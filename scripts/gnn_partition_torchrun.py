@@ -35,7 +35,7 @@ import torch.distributed as dist  # noqa: E402
 from sim.distributed.gnn_partition_layer import PartitionedGNNLayer  # noqa: E402
 from sim.distributed.graph_partition import plan_graph_partition  # noqa: E402
 from sim.distributed.step_timing import time_step  # noqa: E402
-from sim.distributed.torchrun_env import DEVICES, LaunchError, join_group  # noqa: E402
+from sim.distributed.torchrun_env import LaunchError, add_launch_arguments, gathered_shards, join_group  # noqa: E402
 from sim.workloads.gnn_layer import GNNConfig, GNNLayer  # noqa: E402
 from sim.workloads.graphs import rmat  # noqa: E402
 
@@ -53,11 +53,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--aggregation", default="sum", help="sum | mean | max")
     p.add_argument("--backend", default="index_add", help="aggregation backend (sim/workloads/backends/gnn.py)")
     p.add_argument("--partitioner", default="random", help="random | metis")
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--device", default="auto", choices=DEVICES,
-                   help="auto: a GPU per process (NCCL) where CUDA is there, else the CPU (gloo)")
-    p.add_argument("--timeout-s", type=float, default=300.0)
-    p.add_argument("--check", action="store_true", help="compare the gathered output with the single-device layer")
+    add_launch_arguments(p)
     return p.parse_args(argv)
 
 
@@ -80,21 +76,19 @@ def main(argv: list[str] | None = None) -> int:
         buf = layer.input_buffer(x[own])
         y_local = layer(buf)
         step = time_step(lambda: layer(buf), warmup=2, repeats=args.repeats)
-        if args.check:
-            shards = [None] * me.world_size
-            dist.all_gather_object(shards, y_local.cpu().numpy())
-            if me.rank == 0:
-                single = GNNLayer(cfg, seed=0)
-                single.set_graph(graph)
-                with torch.no_grad():
-                    y_ref = single(x).numpy()
-                y = np.zeros_like(y_ref)
-                for r, shard in enumerate(shards):
-                    y[plan.own_nodes[r]] = shard
-                err = float(np.abs(y - y_ref).max())
-                print(f"output vs the single-device layer: max |diff| = {err:.2e}")
-                if err > 1e-4 * max(1.0, float(np.abs(y_ref).max())):
-                    return 1
+        shards = gathered_shards(y_local, me) if args.check else None
+        if shards is not None:  # rank 0
+            single = GNNLayer(cfg, seed=0)
+            single.set_graph(graph)
+            with torch.no_grad():
+                y_ref = single(x).numpy()
+            y = np.zeros_like(y_ref)
+            for r, shard in enumerate(shards):
+                y[plan.own_nodes[r]] = shard
+            err = float(np.abs(y - y_ref).max())
+            print(f"output vs the single-device layer: max |diff| = {err:.2e}")
+            if err > 1e-4 * max(1.0, float(np.abs(y_ref).max())):
+                return 1
         if me.rank == 0:
             print(f"partitioned GNN step on {me.world_size} ranks ({dist.get_backend()}, {args.partitioner}, "
                   f"rmat a {args.rmat_a}): {step.median_s * 1e3:.3f} ms median over {args.repeats} repeats, "

@@ -13,11 +13,13 @@ without CUDA, more processes on a host than it has GPUs.
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Mapping
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -96,4 +98,21 @@ def join_group(device: str, *, timeout_s: float, script: str = "scripts/ep_torch
     return me
 
 
-__all__ = ["DEVICES", "ENV", "LaunchError", "RankEnv", "join_group", "process_group_backend", "rank_env"]
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every torchrun script of the project shares: repeats, device, timeout, check."""
+    parser.add_argument("--repeats", type=int, default=10, help="timed steps (after 2 untimed)")
+    parser.add_argument("--device", default="auto", choices=DEVICES,
+                        help="auto: a GPU per process (NCCL) where CUDA is there, else the CPU (gloo)")
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="collectives time out after this")
+    parser.add_argument("--check", action="store_true", help="compare the gathered output with the single-device layer")
+
+
+def gathered_shards(local: torch.Tensor, me: RankEnv) -> list[np.ndarray] | None:
+    """Every rank's ``local`` output, as host arrays, on rank 0 (None on the others)."""
+    shards: list[np.ndarray | None] = [None] * me.world_size
+    dist.all_gather_object(shards, local.detach().cpu().numpy())
+    return [s for s in shards if s is not None] if me.rank == 0 else None
+
+
+__all__ = ["DEVICES", "ENV", "LaunchError", "RankEnv", "add_launch_arguments", "gathered_shards", "join_group",
+           "process_group_backend", "rank_env"]
