@@ -69,6 +69,9 @@ class FamilyDrift:
     references: int = 0
     #: the same medians against each reference's profiled row (the first rule), for comparison
     vs_profiled_row: dict[str, float] = field(default_factory=dict)
+    #: per reference: key, family, seconds measured now, the held-out model's and the profiled row's
+    #: (what a better drift rule, e.g. one that weighs the references' spread, can be scored on later)
+    per_reference: list[dict[str, Any]] = field(default_factory=list)
 
     def factor(self, family: str) -> float:
         return self.by_family.get(family, self.overall)
@@ -77,6 +80,7 @@ class FamilyDrift:
         return {"by_family": {f: round(r, 4) for f, r in sorted(self.by_family.items())},
                 "overall": round(self.overall, 4), "references": self.references,
                 "vs_profiled_row": {f: round(r, 4) for f, r in sorted(self.vs_profiled_row.items())},
+                "per_reference": self.per_reference,
                 "rule": (f"per family, median of measured now / the held-out regression's L3 of the reference over "
                          f"up to {REFERENCES_PER_FAMILY} reference kernels timed in the same rounds, none within "
                          f"{2 ** MIN_DISTANCE_LOG2:.2f}x of a scored kernel in both bytes and FLOPs; other families "
@@ -168,17 +172,20 @@ def family_drift(references: Sequence[HeldOutReference], measured_now_s: Sequenc
     if not references:
         return FamilyDrift()
     now = np.asarray(measured_now_s, dtype=np.float64)
+    per_reference = [{"key": r.key, "family": r.family, "measured_now_s": float(t),
+                      "model_s": None if r.model_s is None else float(r.model_s), "profiled_s": float(r.profiled_s)}
+                     for r, t in zip(references, now)]
     ratios = pd.DataFrame({"family": [r.family for r in references],
                            "ratio": now / [r.profiled_s if r.model_s is None else r.model_s for r in references],
                            "row_ratio": now / [r.profiled_s for r in references]})
     ratios = ratios[np.isfinite(ratios["ratio"]) & (ratios["ratio"] > 0)]
     if ratios.empty:
-        return FamilyDrift()
+        return FamilyDrift(per_reference=per_reference)
     by_family = ratios.groupby("family")["ratio"].median().to_dict()
     by_row = ratios.groupby("family")["row_ratio"].median().to_dict()
     return FamilyDrift(by_family={f: float(r) for f, r in by_family.items()},
                        overall=float(ratios["ratio"].median()), references=int(len(ratios)),
-                       vs_profiled_row={f: float(r) for f, r in by_row.items()})
+                       vs_profiled_row={f: float(r) for f, r in by_row.items()}, per_reference=per_reference)
 
 
 def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], device: Any, *, cold: bool,

@@ -80,6 +80,8 @@ def test_family_drift_reads_the_references_against_the_model_and_keeps_the_row_r
     assert drift.by_family == {"gemm": 1.0} and drift.vs_profiled_row == {"gemm": 1.0}
     drift = family_drift(refs[:1], [3.0])
     assert drift.by_family == {"gemm": 1.5} and drift.vs_profiled_row == {"gemm": 3.0}
+    assert drift.to_dict()["per_reference"] == [  # every reference's three seconds, for later rules
+        {"key": "k0", "family": "gemm", "measured_now_s": 3.0, "model_s": 2.0, "profiled_s": 1.0}]
 
 
 TIMING = TINY_TIMING
