@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from costmodel.model.committee import Committee, pick_by_spread  # noqa: E402
 from costmodel.model.models import FittedCostModel  # noqa: E402
 from costmodel.store.profile import DeviceProfile  # noqa: E402
-from sim.predict.heldout import IGNORED_REFRESH_POLICIES, OWN_TAGS  # noqa: E402
+from sim.predict.heldout import IGNORED_REFRESH_POLICIES, OWN_TAGS, evenly_spaced_ranks  # noqa: E402
 
 #: the tag of the kernels an experiment measures near its own (the pool picks come from)
 POOL_TAG = "heldout_neighbour"
@@ -76,8 +76,7 @@ def pick_bytes(pool: pd.DataFrame, budget: int) -> list[int]:
     out: list[int] = []
     for _, idx in pool.groupby("family").indices.items():
         order = idx[np.argsort(pool["bytes_moved"].to_numpy(float)[idx], kind="stable")]
-        ranks = np.unique(np.round(np.linspace(0, len(order) - 1, min(budget, len(order)))).astype(int))
-        out += order[ranks].tolist()
+        out += order[evenly_spaced_ranks(len(order), budget)].tolist()
     return sorted(out)
 
 

@@ -44,12 +44,12 @@ from costmodel.families.sort import SortSpec
 from costmodel.families.topk import TopkSpec
 from costmodel.measure.runners import make_runner
 from costmodel.measure.runtime import Runtime
+from costmodel.model.committee import NEIGHBOUR_PICKS, committee_picker
 from costmodel.model.features import roofline_time_s
 from costmodel.model.predictor import CostModel, StaleModelError
 from costmodel.store.profile import DeviceProfile, ProfileError
 from sim.workloads.backends import gnn_backend, moe_backend
 from sim.workloads.gnn_layer import GNNConfig, GraphPlan, gnn_trace
-from costmodel.model.committee import NEIGHBOUR_PICKS, committee_picker
 from sim.predict.heldout import family_shortfall, heldout_table, neighbour_suite
 from sim.workloads.moe_layer import MoEConfig
 
@@ -121,11 +121,12 @@ def calibrated_model(rt: Runtime, suite: TaggedSpecs, *, suite_name: str, progre
     heldout_keys = {s.key() for s in heldout}
     if heldout:  # neighbours of the scored kernels, never the kernels themselves
         table, _ = heldout_table(profile, heldout_keys)
-        short = family_shortfall(table, {s.family for s in heldout})
         families = {s.family for s in heldout}
+        short = family_shortfall(table, families)
+        ceilings = profile.ceilings()  # read once: the weight and the committee use the same file
         extra = neighbour_suite(heldout, families, heldout_keys | {s.key() for _, s in suite},
-                                weight=roofline_weight(profile.ceilings()),
-                                pick_rest=neighbour_picker(neighbours, table, profile.ceilings(), families))
+                                weight=roofline_weight(ceilings),
+                                pick_rest=neighbour_picker(neighbours, table, ceilings, families))
         if short:
             console.print(f"held-out scoring: {', '.join(f'{f} ({n} kernels)' for f, n in short.items())} "
                           f"{'has' if len(short) == 1 else 'have'} too few kernels besides this run's own: "

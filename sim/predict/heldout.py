@@ -198,6 +198,12 @@ def neighbour_specs(spec: KernelSpec) -> list[KernelSpec]:
     return list(out.values())
 
 
+def evenly_spaced_ranks(n_items: int, k: int) -> np.ndarray:
+    """Up to ``k`` distinct positions evenly spaced over ``n_items`` sorted items, both ends
+    included: the bytes rule of ``neighbour_suite`` (and of ``scripts/bench_where_to_measure.py``)."""
+    return np.unique(np.round(np.linspace(0, n_items - 1, min(k, n_items))).astype(int))
+
+
 def neighbour_suite(specs: Iterable[KernelSpec], families: Iterable[str], exclude_keys: set[str], *,
                     weight: Callable[[KernelSpec], float] | None = None,
                     pick_rest: Callable[[list[KernelSpec], int], list[KernelSpec]] | None = None
@@ -242,7 +248,6 @@ def neighbour_suite(specs: Iterable[KernelSpec], families: Iterable[str], exclud
             chosen = ranked[:heavy_n] + sorted(pick_rest(ranked[heavy_n:], NEIGHBOURS_PER_FAMILY - heavy_n), key=by_bytes)
         else:
             rest = sorted(ranked[heavy_n:], key=by_bytes)
-            ranks = np.unique(np.round(np.linspace(0, len(rest) - 1, NEIGHBOURS_PER_FAMILY - heavy_n)).astype(int))
-            chosen = ranked[:heavy_n] + [rest[i] for i in ranks]
+            chosen = ranked[:heavy_n] + [rest[i] for i in evenly_spaced_ranks(len(rest), NEIGHBOURS_PER_FAMILY - heavy_n)]
         out += [("heldout_neighbour", s) for s in chosen]
     return out
