@@ -213,7 +213,9 @@ def aggregate(run_dirs: Iterable[Path], out: Path) -> int:
 
 
 def explode(aggregated: Path, out_dir: Path) -> list[Path]:
-    """``aggregate``'s CSV back into ``out_dir/<run>/results.csv`` (for scripts/noise_floor.py)."""
+    """``aggregate``'s CSV back into ``out_dir/<run>/results.csv`` (for scripts/noise_floor.py).
+    A column empty in every row of a run is one that run never had (older runs did not record
+    ``rounds_timed``) and is left out of its file, as the run wrote it."""
     by_run: dict[str, list[dict[str, str]]] = {}
     with aggregated.open(newline="") as fh:
         for r in csv.DictReader(fh):
@@ -221,7 +223,8 @@ def explode(aggregated: Path, out_dir: Path) -> list[Path]:
     written = []
     for run, rows in by_run.items():
         path = out_dir / run / "results.csv"
-        write_csv(rows, path, NOISE_COLUMNS)
+        columns = [c for c in NOISE_COLUMNS if any(r[c] != "" for r in rows)]
+        write_csv([{c: r[c] for c in columns} for r in rows], path, columns)
         written.append(path.parent)
     return written
 

@@ -16,6 +16,11 @@ named by its path as given, so runs in folders of the same name stay apart), two
   of measured / that reference over the backend's points, fitted in-sample, which flatters
   it). Its errors are what run-to-run reproducibility leaves to any predictor; its share of
   points beyond twice the within-run noise shows how much that noise understates it.
+- **phase-blind** (``blind_*``): the same oracle without this run's drift, each point
+  predicted by the other runs' median alone. That is the best any *held-out* predictor can
+  do when it cannot read the machine's speed phase during the run: it knows every layer's
+  typical time exactly, and nothing of today's. A median target below its median APE is a
+  target for the machine's phases, not for the model.
 
 Beside them, what L3 scored in the run. The last line: over the runs, how many a perfect
 model would be expected to pass at ``--max-limit`` and ``--median-limit``, and the
@@ -27,7 +32,7 @@ argparse's own errors), before any floor is computed, naming the file, column an
 empty or header-only results.csv, a missing column, text or a value out of range
 (measured_s and pred_L3_s finite and > 0, round_cv finite and >= 0, rounds_timed an
 integer >= 1), a point repeated with other values; exact duplicate rows are dropped with a
-note. ``--max-limit`` and ``--median-limit`` must be finite percentages > 0, and ``--out``
+note. ``--max-limit``, ``--median-limit`` and ``--p90-limit`` must be finite percentages > 0, and ``--out``
 a folder (created if missing), not a file.
 """
 
@@ -170,14 +175,16 @@ def within_run_floor(df: pd.DataFrame, max_limit_pct: float) -> dict[str, float]
             "p_perfect_max_within": max_ape_within_prob(sigma, max_limit_pct)}
 
 
-def cross_run_oracle(runs: dict[str, pd.DataFrame], name: str, points: pd.Index) -> pd.Series:
+def cross_run_oracle(runs: dict[str, pd.DataFrame], name: str, points: pd.Index, *,
+                     drift: bool = True) -> pd.Series:
     """APE (%) of the oracle for run ``name``: other runs' median per point, times this
-    run's in-sample drift per backend (label)."""
+    run's in-sample drift per backend (label); ``drift=False``: the median alone (phase-blind)."""
     measured = runs[name].loc[points, "measured_s"]
     others = pd.concat([r.loc[points, "measured_s"] for n, r in runs.items() if n != name], axis=1)
     reference = others.median(axis=1)
-    drift = (measured / reference).groupby(level="label").transform("median")
-    return pd.Series(ape_pct(reference * drift, measured), index=points)
+    if drift:
+        reference = reference * (measured / reference).groupby(level="label").transform("median")
+    return pd.Series(ape_pct(reference, measured), index=points)
 
 
 def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataFrame:
@@ -191,10 +198,12 @@ def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataF
                **within_run_floor(df, max_limit_pct)}
         if len(runs) >= 3 and len(common):
             oracle = cross_run_oracle(runs, name, common)
+            blind = cross_run_oracle(runs, name, common, drift=False)
             sigma = point_sigma(df.loc[common], OLD_RUN_ROUNDS)
             row.update(oracle_points=len(common), oracle_median_pct=oracle.median(), oracle_max_pct=oracle.max(),
                        oracle_share_beyond_2_sigma=beyond_noise(oracle.to_numpy() / 100, sigma)["share_beyond_2_sigma"],
-                       L3_max_on_common_pct=l3.loc[common].max())
+                       blind_median_pct=blind.median(), blind_p90_pct=blind.quantile(0.9),
+                       blind_max_pct=blind.max(), L3_max_on_common_pct=l3.loc[common].max())
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -204,11 +213,15 @@ def main() -> None:
     ap.add_argument("runs", nargs="+", type=Path, help="run directories holding results.csv")
     ap.add_argument("--max-limit", type=float, default=15.0, help="max APE target, %% (default 15)")
     ap.add_argument("--median-limit", type=float, default=5.0, help="median APE target, %% (default 5)")
+    ap.add_argument("--p90-limit", type=float, default=None,
+                    help="p90 APE target, %% (default none): also counts the phase-blind oracle's runs within it")
     ap.add_argument("--out", type=Path, help="folder for noise_floor.csv")
     args = ap.parse_args()
     try:
         check_limit("--max-limit", args.max_limit)
         check_limit("--median-limit", args.median_limit)
+        if args.p90_limit is not None:
+            check_limit("--p90-limit", args.p90_limit)
         check_out(args.out)
         runs = load_runs(args.runs)
     except BadInput as err:  # one line, not a traceback
@@ -221,7 +234,7 @@ def main() -> None:
     cols = {"run": None, "points": None, "L3_median_pct": ".1f", "floor_median_pct": ".1f", "L3_max_pct": ".1f",
             "floor_max_median_pct": ".1f", "floor_max_p10_pct": ".1f", "floor_max_p90_pct": ".1f",
             "p_perfect_max_within": ".2f", "L3_share_beyond_2_sigma": ".0%", "oracle_median_pct": ".1f", "oracle_max_pct": ".1f",
-            "oracle_share_beyond_2_sigma": ".0%"}
+            "oracle_share_beyond_2_sigma": ".0%", "blind_median_pct": ".1f", "blind_max_pct": ".1f"}
     cols = {c: f for c, f in cols.items() if c in table}
     for c in cols:
         t.add_column(c.replace("_pct", " %").replace("_", " "), justify="right")
@@ -237,6 +250,17 @@ def main() -> None:
                       f"{(table['oracle_max_pct'] <= args.max_limit).sum()} of {len(table)} runs and median <= "
                       f"{args.median_limit:g}% in {(table['oracle_median_pct'] <= args.median_limit).sum()}; L3 met "
                       f"the median in {(table['L3_median_pct'] <= args.median_limit).sum()}")
+        blind = table["blind_median_pct"] <= args.median_limit
+        console.print(f"the phase-blind oracle (other runs' median, no drift of this run: the best a held-out "
+                      f"predictor can do without reading the phase) met median <= {args.median_limit:g}% in "
+                      f"{blind.sum()} of {len(table)} runs (median of its medians "
+                      f"{table['blind_median_pct'].median():.1f}%) and max <= {args.max_limit:g}% in "
+                      f"{(table['blind_max_pct'] <= args.max_limit).sum()}; three in a row at that rate: "
+                      f"{blind.mean() ** 3:.2f}")
+        if args.p90_limit is not None:
+            both = blind & (table["blind_p90_pct"] <= args.p90_limit)
+            console.print(f"  median <= {args.median_limit:g}% and p90 <= {args.p90_limit:g}% together: {both.sum()} "
+                          f"of {len(table)} runs; three in a row at that rate: {both.mean() ** 3:.2f}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "noise_floor.csv", index=False)

@@ -127,3 +127,5 @@ def test_noise_floor_inputs_aggregate_and_explode_back(tmp_path):
     assert sorted(d.name for d in dirs) == ["moe_a", "moe_b"]
     back = _read(tmp_path / "back" / "moe_a" / "results.csv")
     assert [r["measured_s"] for r in back] == ["0.01", "0.02"]
+    # a column the run never had (empty in all its rows) is left out, not written as blanks
+    assert "measured_iqr_s" not in back[0] and "round_cv" in back[0]

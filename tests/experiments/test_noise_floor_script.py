@@ -45,6 +45,11 @@ def test_oracle_uses_the_other_runs_median_and_this_runs_drift(noise_floor, tmp_
     # L3 is 10% off at the noisy point (2 sigma = 14.5%): within the noise; the other point has no estimate
     assert table.loc["A", "L3_share_beyond_2_sigma"] == 0.0
     assert table.loc["A", "oracle_share_beyond_2_sigma"] == 0.0  # 5% against 14.5%
+    # phase-blind: the medians 1.75 and 3.5 as they are, against 1.0 and 2.2: APEs 75% and 59.09%
+    assert table.loc["A", "blind_max_pct"] == pytest.approx(75.0)
+    assert table.loc["A", "blind_median_pct"] == pytest.approx((75.0 + 100 * 1.3 / 2.2) / 2)
+    # C sits at the other two's median (1.5 = median of 1.0, 2.0): the blind oracle is exact there
+    assert table.loc["C", "blind_max_pct"] == pytest.approx(100 * abs(3.1 - 3.0) / 3.0)
 
 
 def test_missing_results_or_columns_are_named(noise_floor, tmp_path):
@@ -122,6 +127,7 @@ def test_runs_in_folders_of_the_same_name_stay_apart(noise_floor, tmp_path, caps
     (["--max-limit", "-5"], "--max-limit must be a finite percentage > 0, got -5"),
     (["--median-limit", "-1"], "--median-limit must be a finite percentage > 0, got -1"),
     (["--median-limit", "0"], "--median-limit must be a finite percentage > 0, got 0"),
+    (["--p90-limit", "nan"], "--p90-limit must be a finite percentage > 0, got nan"),
 ])
 def test_limits_must_be_finite_and_positive(noise_floor, tmp_path, monkeypatch, capsys, args, message):
     run = write_run(tmp_path, "A", [1.0, 2.0], [1.0, 2.0])
