@@ -27,6 +27,14 @@ model would be expected to pass at ``--max-limit`` and ``--median-limit``, and t
 chance of passing three runs in a row at the within-run rate.
 Writes ``noise_floor.csv`` to ``--out`` when given.
 
+``--history results/cpu_epyc/moe_ep`` takes as runs every version of that folder's
+``results.csv`` that git history holds (named ``moe_ep@<commit>``), so a canonical run's past
+versions give its floors with no folder kept in the tree. A sweep without ``label`` and
+``param`` columns (``moe_ep``, ``gnn_partition``) is keyed by its ``placement`` or
+``partitioner`` and ``backend`` columns instead. Only the points every run shares are compared.
+``--since 2026-12-04`` keeps the versions committed since then: versions measured by an older
+method are not noise.
+
 Bad input stops with one line ``noise_floor.py: error: ...`` and exit status 2 (as
 argparse's own errors), before any floor is computed, naming the file, column and line: an
 empty or header-only results.csv, a missing column, text or a value out of range
@@ -39,8 +47,11 @@ a folder (created if missing), not a file.
 from __future__ import annotations
 
 import argparse
+import io
 import math
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +64,8 @@ from costmodel.model.evaluation import beyond_noise, max_ape_within_prob, noise_
 from costmodel.model.models import ape_pct
 
 POINT_KEY = ["label", "param", "value"]
+#: columns that name a point's label in sweeps that have no ``label`` column, joined by "/"
+LABEL_PARTS = ("placement", "partitioner", "backend")
 OLD_RUN_ROUNDS = 3  # runs from before ``rounds_timed`` existed timed every point in 3 rounds
 
 
@@ -125,6 +138,45 @@ def read_run(path: Path) -> pd.DataFrame:
         raise _fail(path, f"the point ({', '.join(POINT_KEY)}) repeats with different values on lines {lines[:10]}; "
                           "one row per point")
     return df.set_index(POINT_KEY)
+
+
+def history_runs(folder: Path, into: Path, since: str | None = None) -> list[Path]:
+    """Every committed version of ``folder/results.csv`` (committed ``since`` a date, if given)
+    written to ``into/<name>@<commit>/`` (newest first), a sweep without ``label`` / ``param``
+    keyed by ``LABEL_PARTS``."""
+    path = folder / "results.csv"
+    try:
+        root = subprocess.run(["git", "-C", str(folder if folder.is_dir() else Path.cwd()), "rev-parse",
+                               "--show-toplevel"], capture_output=True, text=True, check=True).stdout.strip()
+        relative = path.resolve().relative_to(Path(root).resolve())
+        commits = subprocess.run(["git", "-C", root, "log", "--format=%h",
+                                  *([f"--since={since}"] if since else []), "--", str(relative)],
+                                 capture_output=True, text=True, check=True).stdout.split()
+    except (subprocess.CalledProcessError, ValueError, FileNotFoundError) as err:
+        raise BadInput(f"--history {folder}: not a folder of a git checkout ({err})") from None
+    if not commits:
+        raise BadInput(f"--history {folder}: git history holds no version of {path}"
+                       + (f" committed since {since}" if since else ""))
+    dirs = []
+    for commit in commits:
+        text = subprocess.run(["git", "-C", root, "show", f"{commit}:{relative}"], capture_output=True,
+                              text=True).stdout
+        if not text.strip():
+            continue  # the commit deleted the file
+        df = pd.read_csv(io.StringIO(text))
+        if "label" not in df:
+            parts = [c for c in LABEL_PARTS if c in df]
+            if not parts:
+                raise BadInput(f"--history {folder}@{commit}: results.csv has no label column nor any of "
+                               f"{', '.join(LABEL_PARTS)} to name its points by")
+            df.insert(0, "label", df[parts].astype(str).agg("/".join, axis=1))
+        if "param" not in df:
+            df.insert(1, "param", "value")
+        run = into / f"{folder.name}@{commit}"
+        run.mkdir(parents=True)
+        df.to_csv(run / "results.csv", index=False)
+        dirs.append(run)
+    return dirs
 
 
 def load_runs(dirs: list[Path]) -> dict[str, pd.DataFrame]:
@@ -210,7 +262,12 @@ def floor_table(runs: dict[str, pd.DataFrame], max_limit_pct: float) -> pd.DataF
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories holding results.csv")
+    ap.add_argument("runs", nargs="*", type=Path, help="run directories holding results.csv")
+    ap.add_argument("--history", type=Path, action="append", default=[],
+                    help="a results folder whose committed versions are runs too (repeatable)")
+    ap.add_argument("--since", default=None,
+                    help="with --history: only versions committed since this date (git's --since), e.g. after "
+                         "the method last changed")
     ap.add_argument("--max-limit", type=float, default=15.0, help="max APE target, %% (default 15)")
     ap.add_argument("--median-limit", type=float, default=5.0, help="median APE target, %% (default 5)")
     ap.add_argument("--p90-limit", type=float, default=None,
@@ -223,7 +280,14 @@ def main() -> None:
         if args.p90_limit is not None:
             check_limit("--p90-limit", args.p90_limit)
         check_out(args.out)
-        runs = load_runs(args.runs)
+        with tempfile.TemporaryDirectory() as tmp:
+            dirs = list(args.runs)
+            for folder in args.history:
+                dirs += history_runs(folder, Path(tmp) / str(len(dirs)), args.since)
+            if not dirs:
+                raise BadInput("no runs: give run directories or --history FOLDER")
+            runs = load_runs(dirs)
+            runs = {name.split("/")[-1] if args.history else name: df for name, df in runs.items()}
     except BadInput as err:  # one line, not a traceback
         print(f"{ap.prog}: error: {err}", file=sys.stderr)
         sys.exit(USAGE_EXIT_CODE)

@@ -168,3 +168,32 @@ def test_an_out_path_that_is_a_file_is_refused_before_any_work(noise_floor, tmp_
     assert stop.value.code == 2
     assert capsys.readouterr().err == (f"noise_floor.py: error: --out {tmp_path / 'taken' / 'sub'} must be a folder "
                                        f"(created if missing), but {tmp_path / 'taken'} is a file\n")
+
+
+def _git(repo: Path, *args: str) -> None:
+    import os
+    import subprocess
+    dated = {"GIT_AUTHOR_DATE": "2020-01-01T12:00:00", "GIT_COMMITTER_DATE": "2020-01-01T12:00:00"}
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                   check=True, capture_output=True, env={**os.environ, **dated})
+
+
+def test_history_takes_every_committed_version_and_keys_a_sweep_without_labels(noise_floor, tmp_path):
+    repo = tmp_path / "repo"
+    folder = repo / "results" / "cpu" / "moe_ep"
+    folder.mkdir(parents=True)
+    _git(repo, "init", "-q")
+    for measured in (1.0, 2.0):
+        pd.DataFrame({"point": [0, 0], "value": [0.0, 0.0], "placement": ["contiguous", "eplb"],
+                      "backend": ["loop", "loop"], "measured_s": [measured, measured / 2],
+                      "pred_L3_s": [1.0, 0.5], "round_cv": [0.1, 0.1]}).to_csv(folder / "results.csv", index=False)
+        _git(repo, "add", "-A")
+        _git(repo, "commit", "-q", "-m", f"run {measured}")
+    dirs = noise_floor.history_runs(folder, tmp_path / "out")
+    assert len(dirs) == 2 and all(d.name.startswith("moe_ep@") for d in dirs)
+    runs = noise_floor.load_runs(dirs)
+    newest = runs[str(dirs[0])]
+    assert list(newest.index) == [("contiguous/loop", "value", 0.0), ("eplb/loop", "value", 0.0)]
+    assert newest["measured_s"].tolist() == [2.0, 1.0]  # newest first
+    with pytest.raises(noise_floor.BadInput, match="holds no version of .* committed since 2021-01-01"):
+        noise_floor.history_runs(folder, tmp_path / "none", since="2021-01-01")
