@@ -46,7 +46,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -262,34 +262,11 @@ class DeviceProfile:
 
     def _kernels_and_specs(self, ignore_refresh_policies: tuple[str, ...] = ()
                            ) -> tuple[pd.DataFrame, list[KernelSpec]]:
-        raw = self.measurements()
-        if raw.empty:
-            return raw, []
-        # rows of a family refreshed since they were measured follow the machine (freshness.py)
         provenance = self.provenance()
         if ignore_refresh_policies:
             provenance = [e for e in provenance
                           if (e.get("refresh") or {}).get("policy") not in ignore_refresh_policies]
-        scale = roofline_bounded(raw, refresh_scale(raw, provenance), self.ceilings())
-        if (scale != 1.0).any():
-            raw = raw.assign(median_s=raw["median_s"] * scale, refresh_scale=scale)
-            if "iqr_s" in raw:
-                raw["iqr_s"] = raw["iqr_s"] * scale
-        g = raw.groupby("key", sort=False)
-        first = g.first()
-        first["median_s"] = g["median_s"].median()
-        first["iqr_s"] = g["iqr_s"].median()
-        first["rounds"] = g.size()
-        first["round_cv"] = (g["median_s"].std(ddof=1) / g["median_s"].mean()).fillna(0.0)
-        first["noisy"] = g["noisy"].any()
-        first["rel_iqr"] = first["iqr_s"] / first["median_s"]
-        table = first.reset_index().drop(columns=["round"])
-        # FLOPs and bytes follow the descriptors' current formulas, not the ones in force
-        # when a row was measured (the stored columns are a record of that time)
-        specs = [from_record(r) for r in table.to_dict("records")]
-        table["flops"] = [s.flops() for s in specs]
-        table["bytes_moved"] = [s.bytes_moved() for s in specs]
-        return table, specs
+        return combine_rounds(self.measurements(), provenance, self.ceilings())
 
     def measured_rounds(self) -> set[tuple[str, int]]:
         """(key, round) pairs already in the profile (valid rows only)."""
@@ -460,6 +437,36 @@ def _read_fingerprint(file: Path) -> Fingerprint:
         return Fingerprint.from_stored(json.loads(file.read_text(encoding="utf-8")), source=str(file))
     except (ValueError, TypeError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ProfileError(f"{file} is corrupted: {err}") from None
+
+
+def combine_rounds(raw: pd.DataFrame, provenance: Sequence[Mapping[str, Any]], ceilings: dict[str, Any] | None
+                   ) -> tuple[pd.DataFrame, list[KernelSpec]]:
+    """Measured rows (one per kernel and round) to one row per kernel, each row first scaled
+    by the refresh records of ``provenance`` (``refresh_scale``, bounded by the roofline of
+    ``ceilings``); with the descriptors. ``DeviceProfile.kernels`` is this on the whole profile."""
+    if raw.empty:
+        return raw, []
+    # rows of a family refreshed since they were measured follow the machine (freshness.py)
+    scale = roofline_bounded(raw, refresh_scale(raw, provenance), ceilings)
+    if (scale != 1.0).any():
+        raw = raw.assign(median_s=raw["median_s"] * scale, refresh_scale=scale)
+        if "iqr_s" in raw:
+            raw["iqr_s"] = raw["iqr_s"] * scale
+    g = raw.groupby("key", sort=False)
+    first = g.first()
+    first["median_s"] = g["median_s"].median()
+    first["iqr_s"] = g["iqr_s"].median()
+    first["rounds"] = g.size()
+    first["round_cv"] = (g["median_s"].std(ddof=1) / g["median_s"].mean()).fillna(0.0)
+    first["noisy"] = g["noisy"].any()
+    first["rel_iqr"] = first["iqr_s"] / first["median_s"]
+    table = first.reset_index().drop(columns=["round"])
+    # FLOPs and bytes follow the descriptors' current formulas, not the ones in force
+    # when a row was measured (the stored columns are a record of that time)
+    specs = [from_record(r) for r in table.to_dict("records")]
+    table["flops"] = [s.flops() for s in specs]
+    table["bytes_moved"] = [s.bytes_moved() for s in specs]
+    return table, specs
 
 
 def roofline_bounded(raw: pd.DataFrame, scale: np.ndarray, ceilings: dict[str, Any] | None) -> np.ndarray:

@@ -3,7 +3,6 @@ option named, before anything is built or timed; every default name is a workloa
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 from script_loader import loaded_script

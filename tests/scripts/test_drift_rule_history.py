@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from script_loader import loaded_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "drift_rule_history.py"
 
 
 @pytest.fixture(scope="module")
 def history():
-    spec = importlib.util.spec_from_file_location("drift_rule_history", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    yield from loaded_script("drift_rule_history")
 
 
 def points() -> pd.DataFrame:

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from script_loader import loaded_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "noise_floor.py"
 
 
 @pytest.fixture(scope="module")
 def noise_floor():
-    spec = importlib.util.spec_from_file_location("noise_floor", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    yield from loaded_script("noise_floor")
 
 
 def write_run(root: Path, name: str, measured: list[float], pred: list[float]) -> Path:
