@@ -15,10 +15,18 @@ phases move every column together):
   one call after an eviction minus its runner's median: what the kind's code and
   metadata cost when they start out of cache, summed over the kinds;
 - ``chain_ms``: the current model's share of the same thing (kernels x the per-op
-  chain overhead, measured now).
+  chain overhead, measured now);
+- ``recold_ms``: a hypothesis, not a model: every *later* call of a small kind charged its
+  kind's cold cost again when more than ``RECOLD_BYTES`` moved through the cache since the
+  kind last ran (an expert's weights streamed between two of its small ops); compare
+  ``gap`` against ``kind_cold + recold``.
+
+``--hf mixtral/eager,qwen2_moe/grouped_mm`` adds transformers' sparse MoE blocks (``experiments.hf_moe``'s
+configs: d_model and d_ff as given, 16 experts, top-2, routing pinned to the same draws), their
+kernels read off a capture (``sim.capture``); ``--backends ''`` leaves the project's layer out.
 
 Usage: ``python scripts/bench_composition.py [--exponents 0,8] [--reps 3] [--d-model 1024 --d-ff 2048]
-[--out DIR]``; at ``--d-model 8 --d-ff 16`` the kernels are negligible and the layer's cold
+[--hf MODEL/IMPL,...] [--out DIR]``; at ``--d-model 8 --d-ff 16`` the kernels are negligible and the layer's cold
 time is its host work and cold code, against which the model's chain share can be read;
 writes ``composition.csv`` (every repetition) and ``composition.json`` (medians) to
 ``--out`` and prints the medians. Measure alone: it shares the cores with nothing.
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any, Callable
 
 import pandas as pd
 import torch
@@ -42,17 +51,58 @@ from costmodel.measure.runners import make_runner
 from costmodel.measure.timing import TimingConfig, measure
 from sim.api import load_cost_model
 from sim.workloads.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
-from sim.workloads.routing import ZipfRouting, route
+from sim.capture.dispatch import capture_trace
+from sim.workloads.routing import Routing, ZipfRouting, route
 from sim.predict.error_parts import kernel_kind
 from sim.predict.simulator import measure_callable, predict_trace
 
 SMALL_BYTES = 1 << 20  # a kernel moving less than this is "small": its cold call is code, not data
+RECOLD_BYTES = 1 << 20  # bytes streamed since a small kind last ran that would flush a core's L2 (512 KiB-1 MiB)
+
+
+def recold_calls(trace: list[KernelSpec]) -> dict[str, int]:
+    """Per small kind: its later calls with over ``RECOLD_BYTES`` moved since the kind's previous call."""
+    moved, last, count = 0.0, {}, {}
+    for s in trace:
+        if s.bytes_moved() < SMALL_BYTES:
+            k = kind(s)
+            if k in last and moved - last[k] > RECOLD_BYTES:
+                count[k] = count.get(k, 0) + 1
+            last[k] = moved
+        moved += s.bytes_moved()
+    return count
 
 
 def kind(spec: KernelSpec) -> str:
     """The code path a kernel runs: its family plus the field that picks the aten op
     (``sim.predict.error_parts.kernel_kind``), and its dtype."""
     return f"{kernel_kind(spec)}/{spec.dtype}"
+
+
+def hf_block_call(case: str, routing: Routing, d_model: int, d_ff: int) -> Callable[[], Any]:
+    """One forward of transformers' sparse MoE block ``model/impl`` (``experiments.hf_moe``'s
+    config; weights seeded N(0, 0.02)) on 32 tokens, its router pinned to ``routing``."""
+    from experiments.hf_moe import PinnedGate, hf_config, moe_block  # noqa: PLC0415 (transformers is optional)
+
+    name, _, impl = case.partition("/")
+    h = {"tokens": 32, "hidden_size": d_model, "intermediate_size": d_ff, "shared_expert_intermediate_size": d_ff,
+         "num_experts": 16, "top_k": 2, "whole_model": {"vocab_size": 4096, "heads": 8, "kv_heads": 2}}
+    cfg = hf_config(name, h, impl)
+    block = moe_block(name, cfg)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    block.gate = PinnedGate(block.gate)
+    block.gate.indices, block.gate.weights = block.gate.pin(routing, torch.device("cpu"), torch.float32)
+    x = torch.randn(1, 32, d_model, generator=gen)
+
+    def call() -> Any:
+        with torch.no_grad():
+            return block(x)
+
+    call()  # first-call set-up stays out of the capture and the timing
+    return call
 
 
 def main() -> None:
@@ -62,8 +112,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--d-model", type=int, default=1024, help="d_model (8 leaves the host work and cold code alone)")
     ap.add_argument("--d-ff", type=int, default=2048)
+    ap.add_argument("--hf", default="", help="transformers blocks as model/impl, comma-separated "
+                    "(mixtral or qwen2_moe; eager, grouped_mm or batched_mm)")
     ap.add_argument("--out", default="results/cpu_epyc/composition")
     args = ap.parse_args()
+    hf_cases = [c for c in args.hf.split(",") if c]
+    for case in hf_cases:
+        name, _, impl = case.partition("/")
+        if name not in ("mixtral", "qwen2_moe") or impl not in ("eager", "grouped_mm", "batched_mm"):
+            raise SystemExit(f"--hf takes model/impl with model mixtral or qwen2_moe and impl eager, grouped_mm or "
+                             f"batched_mm, got {case!r}")
     configure_allocator("steady")
     device = torch.device("cpu")
     timing = TimingConfig(cold_cache=True, rounds=1, min_run_time_s=0.2 / 3)
@@ -75,17 +133,20 @@ def main() -> None:
     cases = []
     for e in (float(v) for v in args.exponents.split(",")):
         routing = route(ZipfRouting(exponent=e), tokens=32, num_experts=16, top_k=2, seed=0)
-        for b in args.backends.split(","):
+        for b in (b for b in args.backends.split(",") if b):
             cfg = MoEConfig(tokens=32, d_model=args.d_model, d_ff=args.d_ff, num_experts=16, top_k=2, backend=b)
             trace = moe_trace(cfg, DispatchPlan.from_routing(routing))
             layer = MoELayer(cfg, device=device, seed=0)
-            cases.append((e, b, layer, routing, trace))
+            cases.append((e, b, lambda layer=layer, routing=routing: layer(x, routing), trace))
+        for case in hf_cases:
+            call = hf_block_call(case, routing, args.d_model, args.d_ff)
+            cases.append((e, case, call, capture_trace(call).kernels()))
     rows = []
     for rep in range(args.reps):
         chain_s = measure_cold_call_overhead(device, "float32", TimingConfig(cold_cache=True))["cold_call_overhead_s"]
-        for e, b, layer, routing, trace in cases:
+        for e, b, call, trace in cases:
             console.print(f"rep {rep + 1}/{args.reps}: exponent {e:g}, {b}", highlight=False)
-            layer_s = measure_callable(lambda: layer(x, routing), device, timing).median_s
+            layer_s = measure_callable(call, device, timing).median_s
             runner = {s: measure(make_runner(s, device, cold=True), device=device, config=timing).median_s
                       for s in dict.fromkeys(trace)}
             small = {}
@@ -100,6 +161,7 @@ def main() -> None:
                 "layer_ms": 1e3 * layer_s, "runners_ms": 1e3 * sum(runner[s] for s in trace),
                 "l3_ms": 1e3 * float(predict_trace(model, trace, ["L3"], quiet=True)["L3"].sum()),
                 "kind_cold_ms": 1e3 * sum(kind_cold.values()), "chain_ms": 1e3 * chain_s * len(trace),
+                "recold_ms": 1e3 * sum(n * kind_cold[k] for k, n in recold_calls(list(trace)).items()),
                 "chain_us_per_op": 1e6 * chain_s,
                 **{f"cold_us[{k}]": 1e6 * v for k, v in kind_cold.items()},
             })
@@ -118,7 +180,7 @@ def main() -> None:
     shown = {"exponent": ("exponent", "g"), "backend": ("backend", ""), "kernels": ("kernels", ".0f"),
              "small_kinds": ("small kinds", ".0f"), "layer_ms": ("layer", ".2f"), "runners_ms": ("Σ runners", ".2f"),
              "gap_ms": ("gap", ".2f"), "l3_ms": ("L3", ".2f"), "kind_cold_ms": ("kinds cold", ".2f"),
-             "chain_ms": ("chain", ".2f"), "runners_over_layer": ("runners/layer", ".3f"),
+             "chain_ms": ("chain", ".2f"), "recold_ms": ("recold", ".2f"), "runners_over_layer": ("runners/layer", ".3f"),
              "l3_over_layer": ("L3/layer", ".3f")}
     for head, _ in shown.values():
         table.add_column(head, justify="right")
