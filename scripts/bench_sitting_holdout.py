@@ -128,16 +128,18 @@ def main() -> None:
     warnings.simplefilter("ignore", ExtrapolationWarning)
     profile = DeviceProfile.load(args.profile)
     raw = profile.measurements()
-    raw["sitting"] = segments(raw["measured_at"], profile.provenance())
+    provenance = profile.provenance()
+    raw["sitting"] = segments(raw["measured_at"], provenance)
     size = raw[raw["sitting"] != ""].groupby("sitting")["key"].nunique()
     targets = sorted(size[size >= args.min_kernels].index)[-args.last:]
     if not targets:
         ap.error(f"no sitting of {args.profile.name} holds {args.min_kernels} kernels")
+    ceilings = profile.ceilings() or {}
     console = Console()
     parts = []
     for i, start in enumerate(targets, 1):
         began = time.perf_counter()
-        part = predict_sitting(raw, start, profile.provenance(), profile.ceilings() or {})
+        part = predict_sitting(raw, start, provenance, ceilings)
         parts.append(part.assign(sitting=start))
         console.print(f"sitting {i}/{len(targets)} {start}: {len(part)} kernels predicted from earlier rows "
                       f"({time.perf_counter() - began:.0f} s)", highlight=False)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -38,16 +37,15 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from costmodel.model.models import ape_pct
+from experiments.committed_versions import committed_versions, version_at
+
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ("moe_skew", "gnn_degree", "hf_moe", "pyg_conv")
 MACHINES = ("cpu", "cpu_epyc")
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the drift rule being scored: the references read against the held-out model, not their rows
 RULE_MARK = "held-out regression's L3 of the reference"
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout
 
 
 def score_weights(df: pd.DataFrame, weights: tuple[float, ...] = WEIGHTS) -> dict[str, float]:
@@ -61,8 +59,7 @@ def score_weights(df: pd.DataFrame, weights: tuple[float, ...] = WEIGHTS) -> dic
     out = {"points": len(df), "reference_drift": float(np.median(factor)),
            "layer_drift": float(np.median(df["measured_s"] / df["pred_L3_s"]))}
     for w in weights:
-        predicted = df["pred_L3_s"] * factor ** w
-        out[f"median_ape_w{w:g}"] = float(100 * np.median(np.abs(predicted / df["measured_s"] - 1)))
+        out[f"median_ape_w{w:g}"] = float(np.median(ape_pct(df["pred_L3_s"] * factor ** w, df["measured_s"])))
     return out
 
 
@@ -71,12 +68,16 @@ def committed_runs() -> pd.DataFrame:
     rows = []
     for machine in MACHINES:
         for experiment in EXPERIMENTS:
-            folder = f"results/{machine}/{experiment}"
-            for commit in _git("log", "--format=%h", "--", f"{folder}/summary.json").split():
+            folder = ROOT / "results" / machine / experiment
+            try:
+                versions = committed_versions(folder / "summary.json")
+            except LookupError as err:
+                raise SystemExit(f"drift_rule_history.py: error: {err}") from None
+            for commit, text in versions:
+                points = version_at(folder / "results.csv", commit)
                 try:
-                    summary = json.loads(_git("show", f"{commit}:{folder}/summary.json"))
-                    table = pd.read_csv(io.StringIO(_git("show", f"{commit}:{folder}/results.csv")))
-                except (subprocess.CalledProcessError, json.JSONDecodeError, pd.errors.ParserError):
+                    summary, table = json.loads(text), pd.read_csv(io.StringIO(points or ""))
+                except (json.JSONDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError):
                     continue  # a version without both files, or not parseable: not a run
                 drift = summary.get("details", {}).get("heldout", {}).get("drift", {})
                 if RULE_MARK not in drift.get("rule", "") or "pred_heldout_drift_L3_s" not in table:

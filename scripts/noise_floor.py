@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import io
 import math
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -62,6 +61,7 @@ from rich.table import Table
 from costmodel.model.evaluation import beyond_noise, max_ape_within_prob, noise_floor_max_ape_pct, \
     noise_floor_median_ape_pct, point_sigma
 from costmodel.model.models import ape_pct
+from experiments.committed_versions import committed_versions
 
 POINT_KEY = ["label", "param", "value"]
 #: columns that name a point's label in sweeps that have no ``label`` column, joined by "/"
@@ -146,23 +146,14 @@ def history_runs(folder: Path, into: Path, since: str | None = None) -> list[Pat
     keyed by ``LABEL_PARTS``."""
     path = folder / "results.csv"
     try:
-        root = subprocess.run(["git", "-C", str(folder if folder.is_dir() else Path.cwd()), "rev-parse",
-                               "--show-toplevel"], capture_output=True, text=True, check=True).stdout.strip()
-        relative = path.resolve().relative_to(Path(root).resolve())
-        commits = subprocess.run(["git", "-C", root, "log", "--format=%h",
-                                  *([f"--since={since}"] if since else []), "--", str(relative)],
-                                 capture_output=True, text=True, check=True).stdout.split()
-    except (subprocess.CalledProcessError, ValueError, FileNotFoundError) as err:
-        raise BadInput(f"--history {folder}: not a folder of a git checkout ({err})") from None
-    if not commits:
+        versions = committed_versions(path, since=since)
+    except LookupError as err:
+        raise BadInput(f"--history {folder}: {err}") from None
+    if not versions:
         raise BadInput(f"--history {folder}: git history holds no version of {path}"
                        + (f" committed since {since}" if since else ""))
     dirs = []
-    for commit in commits:
-        text = subprocess.run(["git", "-C", root, "show", f"{commit}:{relative}"], capture_output=True,
-                              text=True).stdout
-        if not text.strip():
-            continue  # the commit deleted the file
+    for commit, text in versions:
         df = pd.read_csv(io.StringIO(text))
         if "label" not in df:
             parts = [c for c in LABEL_PARTS if c in df]
@@ -281,13 +272,14 @@ def main() -> None:
             check_limit("--p90-limit", args.p90_limit)
         check_out(args.out)
         with tempfile.TemporaryDirectory() as tmp:
-            dirs = list(args.runs)
-            for folder in args.history:
-                dirs += history_runs(folder, Path(tmp) / str(len(dirs)), args.since)
-            if not dirs:
+            past = [d for i, folder in enumerate(args.history)
+                    for d in history_runs(folder, Path(tmp) / str(i), args.since)]
+            if not args.runs and not past:
                 raise BadInput("no runs: give run directories or --history FOLDER")
-            runs = load_runs(dirs)
-            runs = {name.split("/")[-1] if args.history else name: df for name, df in runs.items()}
+            runs = load_runs([*args.runs, *past])
+            # a past version is named <folder>@<commit>, not by the temporary folder it was written to
+            shown = {str(d): d.name for d in past}
+            runs = {shown.get(name, name): df for name, df in runs.items()}
     except BadInput as err:  # one line, not a traceback
         print(f"{ap.prog}: error: {err}", file=sys.stderr)
         sys.exit(USAGE_EXIT_CODE)
