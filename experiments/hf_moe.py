@@ -109,7 +109,8 @@ def moe_block(name: str, cfg: Any) -> torch.nn.Module:
     return Block(cfg)
 
 
-def _init(module: torch.nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+def init_weights(module: torch.nn.Module, seed: int, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """Every parameter drawn N(0, 0.02) from ``seed`` (the same weights for every implementation), then moved."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in module.parameters():
@@ -161,7 +162,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         # one block per model, its weights shared by every implementation (transformers reads
         # config._experts_implementation at each call): one copy of the experts in memory
         block_cfg = hf_config(name, h, impls[0])
-        block = _init(moe_block(name, block_cfg), rt.seed, rt.device, dtype)
+        block = init_weights(moe_block(name, block_cfg), rt.seed, rt.device, dtype)
         block.gate = PinnedGate(block.gate)
         for impl in impls:
             for i, ((value, gen), routing) in enumerate(zip(generators, routings)):
@@ -233,7 +234,7 @@ def whole_model_workloads(h: Mapping[str, Any], impls: list[str], rt: Runtime, d
         return []
     tf = _transformers()
     impl = "grouped_mm" if "grouped_mm" in impls else impls[0]
-    lm = _init(tf.MixtralForCausalLM(hf_config("mixtral", h, impl, layers=int(w["layers"]))), rt.seed, rt.device, dtype)
+    lm = init_weights(tf.MixtralForCausalLM(hf_config("mixtral", h, impl, layers=int(w["layers"]))), rt.seed, rt.device, dtype)
     ids = torch.randint(0, w["vocab_size"], (1, h["tokens"]), generator=torch.Generator().manual_seed(rt.seed)).to(rt.device)
     module = f"mixtral_lm{w['layers']}/{impl}"
     columns = {"module": module, "model": "mixtral_lm", "impl": impl, "backend": module, "point": -1,

@@ -81,21 +81,17 @@ def kind(spec: KernelSpec) -> str:
 
 def hf_block_call(case: str, routing: Routing, d_model: int, d_ff: int) -> Callable[[], Any]:
     """One forward of transformers' sparse MoE block ``model/impl`` (``experiments.hf_moe``'s
-    config; weights seeded N(0, 0.02)) on 32 tokens, its router pinned to ``routing``."""
-    from experiments.hf_moe import PinnedGate, hf_config, moe_block  # noqa: PLC0415 (transformers is optional)
+    config and seeded weights) on 32 tokens, its router pinned to ``routing``."""
+    from experiments.hf_moe import PinnedGate, hf_config, init_weights, moe_block  # noqa: PLC0415 (transformers is optional)
 
     name, _, impl = case.partition("/")
     h = {"tokens": 32, "hidden_size": d_model, "intermediate_size": d_ff, "shared_expert_intermediate_size": d_ff,
          "num_experts": 16, "top_k": 2, "whole_model": {"vocab_size": 4096, "heads": 8, "kv_heads": 2}}
-    cfg = hf_config(name, h, impl)
-    block = moe_block(name, cfg)
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in block.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    cpu = torch.device("cpu")
+    block = init_weights(moe_block(name, hf_config(name, h, impl)), 0, cpu, torch.float32)
     block.gate = PinnedGate(block.gate)
-    block.gate.indices, block.gate.weights = block.gate.pin(routing, torch.device("cpu"), torch.float32)
-    x = torch.randn(1, 32, d_model, generator=gen)
+    block.gate.indices, block.gate.weights = block.gate.pin(routing, cpu, torch.float32)
+    x = torch.randn(1, 32, d_model, generator=torch.Generator().manual_seed(1))
 
     def call() -> Any:
         with torch.no_grad():
