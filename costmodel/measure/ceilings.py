@@ -14,6 +14,12 @@
   runs re-time the chain beside their layers (their replay uses that value) and the profile
   keeps the median of its last ``COLD_CALL_HISTORY`` measurements (``sim.predict.paired``);
   0 on CUDA, whose L2 flush leaves the host's caches alone;
+- re-cooling curve (CPU, ``recold_fraction_by_mib``): the same chain, warm, then timed again
+  after one GEMM streamed S MiB of weights through the caches (S = ``RECOLD_MIB``), as a
+  fraction of the chain's extra after a full eviction: how much of a kind's cold cost a later
+  call pays after the layer moved S MiB since the kind last ran (``costmodel.model.cold_start``).
+  On the AMD EPYC VM (1 MiB L2 per core, 32 MiB L3): about 0.1 up to 4 MiB, 0.2 at 8, 0.7 at 16
+  and 1.1-1.3 from 32 MiB on (``scripts/bench_in_situ.py`` reads the same inside eager MoE blocks);
 - ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
   (Williams et al. 2009);
 - parallel units: SMs on a GPU, threads on a CPU (for the tile/wave features).
@@ -21,13 +27,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
 import torch
 
 from costmodel.families.descriptor import DTYPE_BYTES
-from costmodel.measure.timing import Measurement, TimingConfig, measure
+from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
 from costmodel.store.profile import DeviceProfile
 
 COLD_CHAIN_OPS = 10
@@ -35,6 +42,12 @@ COLD_CHAIN_OPS = 10
 #: measurements (each one sitting's rounds, ``with_cold_call_overhead``): one sitting's value
 #: swung 10-32 us per op on the EPYC VM within a day
 COLD_CALL_HISTORY = 7
+
+
+#: MiB a GEMM streams before the chain is re-timed (the re-cooling curve's points), and the
+#: repetitions of each (every one interleaves all sizes, the warm chain and a full eviction)
+RECOLD_MIB = (1, 4, 8, 16, 32, 64)
+RECOLD_REPS = 30
 
 
 def device_memory_bytes(device: torch.device) -> int:
@@ -89,6 +102,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
     x = torch.ones(1, device=device, dtype=torch_dtype)
     m_tiny = measure(lambda: x + x, device=device, config=timing)
     cold = measure_cold_call_overhead(device, dtype, timing)
+    recold = measure_recold_fraction(device, dtype, timing)
 
     units = (
         torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
@@ -102,12 +116,14 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
         "bandwidth_bytes_per_s": bandwidth,
         "overhead_s": m_tiny.median_s,
         "cold_call_overhead_s": cold["cold_call_overhead_s"],
+        "recold_fraction_by_mib": recold["recold_fraction_by_mib"],
         "ridge_flops_per_byte": peak / bandwidth,
         "evidence": {
             "gemm": gemm_rows,
             "copy": copy_rows,
             "tiny_add": _row(m_tiny),
             "cold_chain": cold["evidence"],
+            "recold_chain": recold["evidence"],
         },
     }
 
@@ -154,6 +170,66 @@ def measure_cold_call_overhead(device: torch.device, dtype: str, timing: TimingC
             "evidence": {"chain_ops": COLD_CHAIN_OPS, "cold_s": cold, "warm_s": warm}}
 
 
+def recold_fraction_from(warm_s: list[float], evicted_s: list[float], after_s: dict[int, list[float]]) -> dict[str, float]:
+    """Per streamed size: (median chain after it - median warm) / (median after eviction - median warm),
+    >= 0; {} where the eviction costs the chain nothing measurable."""
+    warm, full = float(np.median(warm_s)), float(np.median(evicted_s)) - float(np.median(warm_s))
+    if full <= 0:
+        return {}
+    return {str(mib): max(0.0, (float(np.median(t)) - warm) / full) for mib, t in after_s.items()}
+
+
+def measure_recold_fraction(device: torch.device, dtype: str, timing: TimingConfig,
+                            sizes_mib: tuple[int, ...] = RECOLD_MIB, reps: int = RECOLD_REPS) -> dict[str, Any]:
+    """The re-cooling curve (see the module docstring); CUDA: {} (no cold charge there).
+
+    Each repetition runs the chain warm and times it again: right away (warm), after a GEMM
+    [4, 1024] x [1024, n] streamed S MiB of weights (each S), and after ``evict_caches``. The
+    sizes interleave, so a slow spell of the machine moves every column together."""
+    if device.type != "cpu":
+        return {"recold_fraction_by_mib": {}, "evidence": {}}
+    if not sizes_mib or min(sizes_mib) <= 0 or reps < 3:
+        raise ValueError(f"recold sizes must be > 0 MiB and reps >= 3, got sizes {list(sizes_mib)} and reps {reps}")
+    torch_dtype = getattr(torch, dtype)
+    chain = cold_chain(device, dtype)
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 1024, generator=gen).to(device, torch_dtype)
+    weights = {mib: torch.randn(1024, max(1, mib * 2**20 // (1024 * DTYPE_BYTES[dtype])), generator=gen).to(device, torch_dtype)
+               for mib in sizes_mib}
+    warm, evicted, after = [], [], {mib: [] for mib in sizes_mib}
+
+    def timed() -> float:
+        start = time.perf_counter()
+        chain()
+        return time.perf_counter() - start
+
+    for _ in range(reps):
+        chain()
+        warm.append(timed())
+        for mib, w in weights.items():
+            chain()
+            torch.matmul(a, w)
+            after[mib].append(timed())
+        chain()
+        evict_caches(device, timing)
+        evicted.append(timed())
+    return {"recold_fraction_by_mib": recold_fraction_from(warm, evicted, after),
+            "evidence": {"chain_ops": COLD_CHAIN_OPS, "reps": reps, "stream": "GEMM [4, 1024] x [1024, n] (MKL reads n columns)",
+                         "warm_s": _median_iqr(warm), "evicted_s": _median_iqr(evicted),
+                         "after_mib_s": {str(mib): _median_iqr(t) for mib, t in after.items()}}}
+
+
+def _median_iqr(seconds: list[float]) -> dict[str, float]:
+    q1, med, q3 = np.percentile(seconds, [25, 50, 75])
+    return {"median": float(med), "iqr": float(q3 - q1)}
+
+
+def with_recold_fraction(ceilings: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """``ceilings`` with the re-cooling curve and its evidence (``evidence.recold_chain``)."""
+    return {**ceilings, "recold_fraction_by_mib": measured["recold_fraction_by_mib"],
+            "evidence": {**ceilings.get("evidence", {}), "recold_chain": measured["evidence"]}}
+
+
 def with_cold_call_overhead(ceilings: dict[str, Any], overhead_s: float, evidence: dict[str, Any]) -> dict[str, Any]:
     """``ceilings`` with one more measurement of the cold-call overhead: it joins the history
     (``evidence.cold_call_history``, the last ``COLD_CALL_HISTORY``; a profile's value from
@@ -187,4 +263,9 @@ def ensure_ceilings(
         _, ceilings = profile.update_ceilings(  # another process's value, stored meanwhile, is kept (as above)
             lambda stored: stored if "cold_call_overhead_s" in stored else
             with_cold_call_overhead(stored or ceilings, cold["cold_call_overhead_s"], cold["evidence"]))
+    if "recold_fraction_by_mib" not in ceilings:  # profiles measured before the re-cooling curve existed
+        print("measuring the re-cooling curve (small ops after a GEMM streamed 1-64 MiB)", flush=True)
+        recold = measure_recold_fraction(device, dtype, timing)
+        _, ceilings = profile.update_ceilings(
+            lambda stored: stored if "recold_fraction_by_mib" in stored else with_recold_fraction(stored or ceilings, recold))
     return ceilings

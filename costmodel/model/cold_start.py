@@ -20,6 +20,18 @@ over the kind's runner.
 A kind is the code path (``kernel_kind``: the family plus the field that picks the aten op)
 and the dtype. L0 and L1 are FLOPs-only by definition and never pay it; nor does a warm
 profile, nor CUDA (where the chain measures 0).
+
+**Re-cooling.** A later call of a kind finds its code warm only if the layer has not streamed
+enough data since the kind last ran to push it out again. An eager expert loop streams an
+expert's weights (8-24 MiB at the ``moe_skew`` sizes) between two calls of the same small op,
+and ``scripts/bench_in_situ.py`` timed those later calls inside transformers' eager blocks at
+10-28 us over their runners, about the first call's extra (AMD EPYC VM). The profile's
+``ceilings.recold_fraction_by_mib`` (``costmodel.measure.ceilings.measure_recold_fraction``) is
+the cold chain re-timed after a GEMM streamed S MiB, as a fraction of its cost after a full
+eviction, at a few S. A later call is charged the per-kind cost times that fraction at the
+bytes the layer's kernels moved since the kind's previous call (linear between measured
+sizes, 0 at 0 bytes, the last value beyond the largest). A profile without the curve (made
+before it existed, or warm, or CUDA) charges first calls only.
 """
 
 from __future__ import annotations
@@ -52,6 +64,17 @@ def cold_start_per_kind_s(model: Any, level: str) -> float:
     return float(model.ceilings.get("cold_call_overhead_s", 0.0))
 
 
+def recold_curve(model: Any, level: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The profile's re-cooling curve at ``level``: (MiB streamed, fraction of the cold cost),
+    starting at (0, 0); None where nothing is charged (no curve, a warm profile, L0/L1)."""
+    curve = model.ceilings.get("recold_fraction_by_mib") if cold_start_per_kind_s(model, level) > 0 else None
+    if not curve:
+        return None
+    mib = np.array([0.0, *(float(k) for k in curve)])
+    order = np.argsort(mib)
+    return mib[order], np.array([0.0, *(float(v) for v in curve.values())])[order]
+
+
 def first_of_kind(kinds: Iterable[str]) -> np.ndarray:
     """True at the first occurrence of each kind, in order."""
     seen: set[str] = set()
@@ -62,11 +85,41 @@ def first_of_kind(kinds: Iterable[str]) -> np.ndarray:
     return np.asarray(out, dtype=bool)
 
 
+def mib_since_kind(trace: Sequence[Any]) -> np.ndarray:
+    """Per kernel of ``trace``: MiB the kernels between it and the previous kernel of its kind
+    moved (``bytes_moved``); NaN at the first kernel of each kind."""
+    moved, last, out = 0.0, {}, []
+    for s in trace:
+        k = cold_start_kind(s)
+        out.append((moved - last[k]) / 2**20 if k in last else np.nan)
+        moved += float(s.bytes_moved())
+        last[k] = moved
+    return np.asarray(out, dtype=np.float64)
+
+
+def charges_s(per_kind_s: float, curve: tuple[np.ndarray, np.ndarray] | None, trace: Sequence[Any]) -> np.ndarray:
+    """Per kernel: ``per_kind_s`` at the first kernel of each kind and, with a re-cooling
+    ``curve``, ``per_kind_s`` times the curve at the MiB streamed since the kind's previous
+    kernel at every later one (0 without a curve)."""
+    if not per_kind_s or not len(trace):
+        return np.zeros(len(trace), dtype=np.float64)
+    since = mib_since_kind(trace)
+    first = np.isnan(since)
+    out = per_kind_s * first.astype(np.float64)
+    if curve is not None:
+        out[~first] = per_kind_s * np.interp(since[~first], *curve)
+    return out
+
+
 def cold_start_charges_s(model: Any, level: str, trace: Sequence[Any]) -> np.ndarray:
-    """Per kernel of ``trace``, its cold-start charge at ``level``: the per-kind charge at
-    the first kernel of each kind, 0 at every later one. Summed, the trace's cold start."""
-    per_kind = cold_start_per_kind_s(model, level)
-    return per_kind * first_of_kind(cold_start_kind(s) for s in trace).astype(np.float64)
+    """Per kernel of ``trace``, its cold-start charge at ``level``: the per-kind charge at the
+    first kernel of each kind and its re-cooling share at later ones. Summed, the trace's cold start."""
+    return charges_s(cold_start_per_kind_s(model, level), recold_curve(model, level), trace)
+
+
+def cold_start_s(model: Any, level: str, trace: Sequence[Any]) -> float:
+    """The trace's whole cold start at ``level`` (``cold_start_charges_s`` summed)."""
+    return float(cold_start_charges_s(model, level, trace).sum())
 
 
 def distinct_kinds(trace: Sequence[Any]) -> int:

@@ -61,7 +61,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from costmodel.families.descriptor import KernelSpec
-from costmodel.model.cold_start import distinct_kinds
+from costmodel.model.cold_start import charges_s
 from costmodel.families.elementwise import ElementwiseSpec
 from costmodel.families.gather import GatherSpec
 from costmodel.families.gemm import GemmSpec
@@ -261,12 +261,14 @@ def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS) -> Kerne
 
 
 def rank_replay_kernel_times(per_rank_s: Sequence[Mapping[str, float]], fallback: KernelTimes,
-                             level: str = "L3", per_kind_s: float = 0.0) -> KernelTimes:
+                             level: str = "L3", per_kind_s: float = 0.0,
+                             recold: tuple[np.ndarray, np.ndarray] | None = None) -> KernelTimes:
     """Kernel seconds as each rank measured its own kernels inside its process (rank replay,
     ``ep_layer.ep_phase_worker(replay=...)``): at ``level`` a trace's seconds are the sum of
     its kernels' in-rank medians (keyed by ``KernelSpec.key()``) plus ``per_kind_s`` per
-    distinct kernel kind (the cold start the cost model charges a cold layer,
-    ``costmodel.model.cold_start``, so replay and lookup compose alike); other levels and kernels no
+    distinct kernel kind and, with the profile's ``recold`` curve, each later call's re-cooling
+    share (the cold start the cost model charges a cold layer, ``costmodel.model.cold_start``,
+    so replay and lookup compose alike); other levels and kernels no
     rank measured (the balanced counterpart's) come from ``fallback``. The traces arrive
     rank-major, ``len(PHASES)`` per rank (``_level_timelines``), so trace i is rank
     ``i // len(PHASES)``'s. A composition check, not a prediction: the kernels were timed on
@@ -281,7 +283,7 @@ def rank_replay_kernel_times(per_rank_s: Sequence[Mapping[str, float]], fallback
             seconds = per_rank_s[i // len(PHASES)]
             keys = [s.key() for s in trace]
             if all(k in seconds for k in keys):
-                out[level][i] = float(sum(seconds[k] for k in keys)) + per_kind_s * distinct_kinds(trace)
+                out[level][i] = float(sum(seconds[k] for k in keys)) + float(charges_s(per_kind_s, recold, trace).sum())
         return out
 
     return times

@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.scope import SCOPE_PREFIX, kernel_scope
 from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
-from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind, cold_start_per_kind_s
+from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, cold_start_s, recold_curve
 from costmodel.model.features import kernel_table
 from costmodel.model.models import ExtrapolationWarning
 from costmodel.model.predictor import CostModel, LEVELS
@@ -48,7 +48,8 @@ def predict_trace(
 
     With a cold-cache profile the first kernel of each kind in the layer also pays the
     measured cold start (``costmodel.model.cold_start``: code and small tensors out of cache
-    after the eviction a cold layer starts from) at the levels that model overheads (L2, L3);
+    after the eviction a cold layer starts from), and a later one its re-cooling share, at the
+    levels that model overheads (L2, L3);
     L0 and L1 are FLOPs-only by definition.
     """
     with warnings.catch_warnings():
@@ -114,7 +115,7 @@ def predict_traces(
     Each distinct descriptor over all traces is featurised and predicted once (one kernel
     table through ``CostModel.predict_table``), then broadcast back and summed per trace
     with ``np.bincount``; the sums equal ``predict_trace``'s per trace (the cold start of
-    each distinct kind included at L2/L3 of a cold profile).
+    each distinct kind and the re-cooling of later calls included at L2/L3 of a cold profile).
     """
     batch = traces if isinstance(traces, TraceBatch) else TraceBatch.from_traces(traces)
     n = len(batch.lengths)
@@ -131,8 +132,11 @@ def predict_traces(
     kinds = batch.kinds_per_trace()
     for lv in levels:
         per_kernel = pred[lv].to_numpy()[batch.flat]
-        out[f"pred_{lv}_s"] = (np.bincount(owner, weights=per_kernel, minlength=n)
-                               + cold_start_per_kind_s(model, lv) * kinds)
+        if recold_curve(model, lv) is None or not batch.specs:  # first calls only: one charge per distinct kind
+            cold = cold_start_per_kind_s(model, lv) * kinds
+        else:  # later calls re-cool by what streamed before them: trace by trace
+            cold = np.fromiter((cold_start_s(model, lv, batch.trace(i)) for i in range(n)), dtype=np.float64, count=n)
+        out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n) + cold
     for col in ("flops", "bytes_moved"):
         out[col] = np.bincount(owner, weights=batch.table[col].to_numpy()[batch.flat], minlength=n)
     return out

@@ -237,3 +237,12 @@ def test_rank_replay_sums_each_ranks_own_kernel_seconds_plus_one_cold_start_per_
     pred = predict_ep_step(CFG, plan, times, FakeCollectives([1e-6, 2e-6]))
     assert pred.timelines["L3"][1].compute_s["experts"] == pytest.approx(
         len(kernels[1]["experts"]) * 2e-3 + len({cold_start_kind(s) for s in kernels[1]["experts"]}) * 1e-5)
+    # with the profile's re-cooling curve each later kernel of a kind adds its share, as the cost model's own
+    from costmodel.model.cold_start import charges_s
+
+    curve = (np.array([0.0, 1.0]), np.array([0.0, 0.5]))
+    recooled = rank_replay_kernel_times(per_rank, flops_times, per_kind_s=1e-5, recold=curve)(traces)
+    experts = kernels[1]["experts"]
+    i = traces.index(experts)
+    assert recooled["L3"][i] == pytest.approx(len(experts) * 2e-3 + float(charges_s(1e-5, curve, experts).sum()))
+    assert recooled["L3"][i] > got["L3"][i]  # its GEMMs repeat with data streamed between them

@@ -40,6 +40,8 @@ def test_bench_writes_a_profile_with_ceilings(profile_root):
     (folder,) = (profile_root / "profiles").iterdir()
     ceilings = json.loads((folder / "ceilings.json").read_text())
     assert ceilings["peak_flops_per_s"] > 0 and ceilings["cold_call_overhead_s"] >= 0
+    assert set(ceilings["recold_fraction_by_mib"]) == {"1", "4", "8", "16", "32", "64"}
+    assert all(v >= 0 for v in ceilings["recold_fraction_by_mib"].values())
     assert (folder / "measurements.csv").read_text().count("\n") > 20
     assert json.loads((folder / "provenance.json").read_text())[0]["suite"] == "quick"
 

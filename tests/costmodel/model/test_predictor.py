@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from costmodel.families.elementwise import ElementwiseSpec
 from costmodel.families.gemm import GemmSpec
 from costmodel.families.grouped_gemm import GroupedGemmSpec
 from costmodel.families.sort import SortSpec
@@ -123,6 +124,21 @@ def test_layer_predictions_add_one_cold_start_per_kind_at_its_first_kernel(fill_
         assert batch["pred_L3_s"].iloc[i] == pytest.approx(float(predict_trace(model, t)["L3"].sum()), rel=1e-12)
     assert (batch["pred_L3_s"] - [float(model.predict(t)["L3"].sum()) for t in traces]).tolist() == \
         pytest.approx([5e-5, 5e-5, 5e-5])
+    # with a re-cooling curve a later GEMM pays again for what another kind streamed since the last one
+    # (GEMMs back to back stream nothing in between: their code stays in use)
+    adds = [ElementwiseSpec("add", int(n)) for n in np.geomspace(2**10, 2**20, 12).round()]
+    profile.append_measurements([{"key": a.key(), "round": 0, **a.to_record(), "flops": a.flops(), "bytes_moved": a.bytes_moved(),
+                                  "median_s": 1e-6 + a.bytes_moved() / 1e10, "iqr_s": 0.0, "noisy": False} for a in adds])
+    profile.write_ceilings({**CEIL, "cold_call_overhead_s": 5e-5, "recold_fraction_by_mib": {"1": 1.0}}, replace=True)
+    model = CostModel.fit_profile(profile, cv_folds=3)
+    assert np.allclose(predict_trace(model, trace)["L3"] - model.predict(trace)["L3"], [5e-5, 0.0, 0.0])
+    add = ElementwiseSpec("add", 2**16)  # reads two inputs, writes one: 3 * 2**16 * 4 bytes = 0.75 MiB
+    streamed = [GemmSpec(7, 64, 64), add, GemmSpec(7, 64, 64)]
+    assert np.allclose(predict_trace(model, streamed)["L3"] - model.predict(streamed)["L3"], [5e-5, 5e-5, 5e-5 * 0.75])
+    traces = [*traces, streamed]
+    batch = predict_traces(model, traces)
+    for i, t in enumerate(traces):
+        assert batch["pred_L3_s"].iloc[i] == pytest.approx(float(predict_trace(model, t)["L3"].sum()), rel=1e-12)
     warm = replace(model, fingerprint=replace(model.fingerprint, cache="warm"))
     assert np.allclose(predict_trace(warm, trace)["L3"], bare["L3"])
 
