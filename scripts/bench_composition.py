@@ -79,6 +79,14 @@ def kind(spec: KernelSpec) -> str:
     return f"{kernel_kind(spec)}/{spec.dtype}"
 
 
+def check_hf_case(case: str) -> None:
+    """``case`` is model/impl with a model and an implementation ``hf_block_call`` builds, else SystemExit."""
+    name, _, impl = case.partition("/")
+    if name not in ("mixtral", "qwen2_moe") or impl not in ("eager", "grouped_mm", "batched_mm"):
+        raise SystemExit(f"--hf takes model/impl with model mixtral or qwen2_moe and impl eager, grouped_mm or "
+                         f"batched_mm, got {case!r}")
+
+
 def hf_block_call(case: str, routing: Routing, d_model: int, d_ff: int) -> Callable[[], Any]:
     """One forward of transformers' sparse MoE block ``model/impl`` (``experiments.hf_moe``'s
     config and seeded weights) on 32 tokens, its router pinned to ``routing``."""
@@ -114,10 +122,7 @@ def main() -> None:
     args = ap.parse_args()
     hf_cases = [c for c in args.hf.split(",") if c]
     for case in hf_cases:
-        name, _, impl = case.partition("/")
-        if name not in ("mixtral", "qwen2_moe") or impl not in ("eager", "grouped_mm", "batched_mm"):
-            raise SystemExit(f"--hf takes model/impl with model mixtral or qwen2_moe and impl eager, grouped_mm or "
-                             f"batched_mm, got {case!r}")
+        check_hf_case(case)
     configure_allocator("steady")
     device = torch.device("cpu")
     timing = TimingConfig(cold_cache=True, rounds=1, min_run_time_s=0.2 / 3)
