@@ -27,7 +27,8 @@ Cases: ``--backends loop,grouped`` (the ``moe_skew`` default layer, T=32, D=1024
 E=16, top-2), ``--hf mixtral/eager,qwen2_moe/grouped_mm`` (transformers' blocks as
 ``bench_composition.py --hf``), ``--modules olmoe,gat`` (``bench_unseen_modules.py``'s
 blocks and convolutions at their sizes). Writes ``ops.csv`` (one row per op per case),
-``kinds.csv`` and ``summary.json`` to ``--out`` and prints the tables. Measure alone.
+``kinds.csv``, ``recold.csv`` (small kernels' later calls binned by MiB since, measured extra
+against the model's re-cooling charge) and ``summary.json`` to ``--out`` and prints the tables. Measure alone.
 
     python scripts/bench_in_situ.py --hf mixtral/eager,mixtral/grouped_mm --backends loop --modules gat
 """
@@ -54,12 +55,13 @@ sys.path.insert(0, str(SCRIPTS))
 from costmodel.measure.allocator import configure_allocator  # noqa: E402
 from costmodel.measure.runners import make_runner  # noqa: E402
 from costmodel.measure.timing import TimingConfig, evict_caches, measure  # noqa: E402
-from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind  # noqa: E402
+from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, recold_curve  # noqa: E402
 from sim.api import load_cost_model  # noqa: E402
 from sim.capture.dispatch import CaptureMode, CapturedOp  # noqa: E402
 from sim.predict.simulator import measure_callable  # noqa: E402
 
 HOST_KINDS = ("view",)  # ops that launch no kernel: their in-situ time is host work
+SMALL_BYTES = 1 << 20  # a kernel moving less is small: its extra in situ is code and dispatch, not data
 
 
 class TimedCaptureMode(CaptureMode):
@@ -142,6 +144,25 @@ def check_cases(args: argparse.Namespace) -> None:
                 raise SystemExit(f"{option} takes names from {choices[option]}, got {name!r}")
     for case in filter(None, args.hf.split(",")):
         composition.check_hf_case(case)
+
+
+#: MiB-since bins of the re-cooling table (small kernels' later calls)
+MIB_BINS = (0.0, 0.5, 2.0, 6.0, 12.0, 20.0, 40.0, float("inf"))
+
+
+def recold_table(ops: pd.DataFrame, model: Any) -> pd.DataFrame:
+    """Later calls of small kernels (< 1 MiB moved) over every case, binned by the MiB streamed since
+    their kind last ran: calls, the measured extra per call (in situ - runner, median) and the cost
+    model's re-cooling charge per call (median)."""
+    small = ops[(ops.op_kind == "kernel") & ~ops.first_of_kind.astype(bool) & (ops.bytes_moved < SMALL_BYTES)].copy()
+    curve = recold_curve(model, "L3")
+    per_kind = cold_start_per_kind_s(model, "L3")
+    small["model_us"] = 1e6 * per_kind * (np.interp(small.bytes_since_kind_mib, *curve) if curve is not None else 0.0)
+    small["extra_us"] = 1e6 * (small.in_situ_s - small.runner_s)
+    small["mib_since"] = pd.cut(small.bytes_since_kind_mib, MIB_BINS, include_lowest=True)
+    return (small.groupby("mib_since", observed=True)
+            .agg(calls=("extra_us", "size"), measured_extra_us=("extra_us", "median"), model_recold_us=("model_us", "median"))
+            .reset_index().assign(mib_since=lambda d: d.mib_since.astype(str)))
 
 
 def cases_from(args: argparse.Namespace, device: torch.device) -> list[tuple[str, Callable[[], Any]]]:
@@ -237,7 +258,12 @@ def main(argv: list[str] | None = None) -> None:
     for name, f in kinds.groupby("case", sort=False):
         console.print(f"\n{name}: per kernel kind (extra = in situ - runner, per call)", highlight=False)
         console.print(f.drop(columns="case").round(3).to_string(index=False), highlight=False)
-    console.print(f"written: {out / 'ops.csv'}, {out / 'kinds.csv'}, {out / 'summary.json'}")
+    recold = recold_table(ops_df, model)
+    recold.to_csv(out / "recold.csv", index=False)
+    console.print("\nlater calls of small kernels (< 1 MiB) by MiB streamed since their kind last ran: measured extra "
+                  "(in situ - runner) against the model's re-cooling charge, per call (medians)", highlight=False)
+    console.print(recold.round(1).to_string(index=False), highlight=False)
+    console.print(f"written: {out / 'ops.csv'}, {out / 'kinds.csv'}, {out / 'recold.csv'}, {out / 'summary.json'}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from script_loader import loaded_script
@@ -69,3 +71,17 @@ def test_every_op_of_a_call_is_timed_and_a_call_that_changes_its_ops_is_refused(
 def test_bad_options_are_refused_before_any_timing(bench, argv, message, tmp_path):
     with pytest.raises(SystemExit, match=message):
         bench.main([*argv, "--out", str(tmp_path)])
+
+
+def test_the_recold_table_bins_small_later_calls_and_sets_the_models_charge_beside(bench):
+    ops = pd.DataFrame({
+        "op_kind": ["kernel"] * 5 + ["view"], "first_of_kind": [True, False, False, False, False, False],
+        "bytes_moved": [96, 96, 96, 96, 8 << 20, 0], "bytes_since_kind_mib": [None, 0.25, 30.0, 30.0, 30.0, None],
+        "in_situ_s": [30e-6, 12e-6, 25e-6, 35e-6, 1e-3, 4e-6], "runner_s": [5e-6, 5e-6, 5e-6, 5e-6, 1e-3, None]})
+    model = SimpleNamespace(fingerprint=SimpleNamespace(cache="cold"),
+                            ceilings={"cold_call_overhead_s": 20e-6, "recold_fraction_by_mib": {"1": 0.2, "64": 1.0}})
+    table = bench.recold_table(ops, model).set_index("mib_since")
+    assert table.calls.tolist() == [1, 2]  # the first call and the 8 MiB kernel are not small later calls
+    assert table.measured_extra_us.tolist() == pytest.approx([7.0, 25.0])
+    # 0.25 MiB: 0.2 * 0.25 of 20 us; 30 MiB: (0.2 + 0.8 * 29 / 63) of 20 us
+    assert table.model_recold_us.tolist() == pytest.approx([1.0, 20e-6 * (0.2 + 0.8 * 29 / 63) * 1e6])
