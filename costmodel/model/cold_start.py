@@ -97,18 +97,23 @@ def mib_since_kind(trace: Sequence[Any]) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def charges_s(per_kind_s: float, curve: tuple[np.ndarray, np.ndarray] | None, trace: Sequence[Any]) -> np.ndarray:
-    """Per kernel: ``per_kind_s`` at the first kernel of each kind and, with a re-cooling
-    ``curve``, ``per_kind_s`` times the curve at the MiB streamed since the kind's previous
-    kernel at every later one (0 without a curve)."""
-    if not per_kind_s or not len(trace):
-        return np.zeros(len(trace), dtype=np.float64)
-    since = mib_since_kind(trace)
+def charges_at(per_kind_s: float, curve: tuple[np.ndarray, np.ndarray] | None, mib_since: np.ndarray) -> np.ndarray:
+    """Per kernel, from its MiB since the kind's previous kernel (NaN at a kind's first):
+    ``per_kind_s`` at a first kernel and, with a re-cooling ``curve``, ``per_kind_s`` times the
+    curve at the MiB streamed since at every later one (0 without a curve)."""
+    since = np.asarray(mib_since, dtype=np.float64)
     first = np.isnan(since)
     out = per_kind_s * first.astype(np.float64)
-    if curve is not None:
+    if curve is not None and per_kind_s:
         out[~first] = per_kind_s * np.interp(since[~first], *curve)
     return out
+
+
+def charges_s(per_kind_s: float, curve: tuple[np.ndarray, np.ndarray] | None, trace: Sequence[Any]) -> np.ndarray:
+    """Per kernel of ``trace``: its cold start and re-cooling charges (``charges_at``)."""
+    if not per_kind_s or not len(trace):
+        return np.zeros(len(trace), dtype=np.float64)
+    return charges_at(per_kind_s, curve, mib_since_kind(trace))
 
 
 def cold_start_charges_s(model: Any, level: str, trace: Sequence[Any]) -> np.ndarray:

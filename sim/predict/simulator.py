@@ -29,7 +29,7 @@ from torch.profiler import ProfilerActivity, profile
 from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.scope import SCOPE_PREFIX, kernel_scope
 from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
-from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, cold_start_s, recold_curve
+from costmodel.model.cold_start import charges_at, cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, recold_curve
 from costmodel.model.features import kernel_table
 from costmodel.model.models import ExtrapolationWarning
 from costmodel.model.predictor import CostModel, LEVELS
@@ -80,17 +80,25 @@ class TraceBatch:
         start = int(self.lengths[:i].sum())
         return [self.specs[j] for j in self.flat[start:start + int(self.lengths[i])]]
 
-    def kinds_per_trace(self) -> np.ndarray:
-        """Distinct kernel kinds (``costmodel.model.cold_start.cold_start_kind``) per trace."""
-        n = len(self.lengths)
+    def mib_since_kind(self) -> np.ndarray:
+        """Per kernel of every trace (``flat`` order): MiB the kernels between it and the previous
+        kernel of its kind in the same trace moved; NaN at a kind's first kernel in its trace
+        (``costmodel.model.cold_start.mib_since_kind``, vectorised over the traces)."""
         if not len(self.flat):
-            return np.zeros(n, dtype=np.int64)
+            return np.zeros(0, dtype=np.float64)
         kind_ids: dict[str, int] = {}
         row_kind = np.fromiter((kind_ids.setdefault(cold_start_kind(s), len(kind_ids)) for s in self.specs),
                                dtype=np.int64, count=len(self.specs))
-        owner = np.repeat(np.arange(n), self.lengths)
-        pairs = np.unique(owner * len(kind_ids) + row_kind[self.flat])
-        return np.bincount(pairs // len(kind_ids), minlength=n)
+        moved = self.table["bytes_moved"].to_numpy(dtype=np.float64)[self.flat]
+        after = np.cumsum(moved)  # bytes moved up to and including each kernel (differences within a trace hold)
+        owner = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        group = owner * len(kind_ids) + row_kind[self.flat]
+        order = np.lexsort((np.arange(len(group)), group))  # by (trace, kind), then position
+        same = np.r_[False, group[order][1:] == group[order][:-1]]
+        since = np.full(len(group), np.nan)
+        later, prev = order[same], order[np.r_[same[1:], False]]
+        since[later] = (after[later] - moved[later] - after[prev]) / 2**20
+        return since
 
     def keys(self) -> list[str] | None:
         """Each table row's descriptor key (L3 looks up measured kernels by it)."""
@@ -129,14 +137,10 @@ def predict_traces(
         if quiet:
             warnings.simplefilter("ignore", ExtrapolationWarning)
         pred = model.predict_table(batch.table, levels, keys=batch.keys())
-    kinds = batch.kinds_per_trace()
+    since = batch.mib_since_kind()
     for lv in levels:
-        per_kernel = pred[lv].to_numpy()[batch.flat]
-        if recold_curve(model, lv) is None or not batch.specs:  # first calls only: one charge per distinct kind
-            cold = cold_start_per_kind_s(model, lv) * kinds
-        else:  # later calls re-cool by what streamed before them: trace by trace
-            cold = np.fromiter((cold_start_s(model, lv, batch.trace(i)) for i in range(n)), dtype=np.float64, count=n)
-        out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n) + cold
+        per_kernel = pred[lv].to_numpy()[batch.flat] + charges_at(cold_start_per_kind_s(model, lv), recold_curve(model, lv), since)
+        out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n)
     for col in ("flops", "bytes_moved"):
         out[col] = np.bincount(owner, weights=batch.table[col].to_numpy()[batch.flat], minlength=n)
     return out

@@ -76,3 +76,17 @@ def test_the_curve_starts_at_zero_sorted_and_is_charged_only_where_first_calls_a
     assert recold_curve(stub(curve=CURVE), "L1") is None
     assert recold_curve(stub(cache="warm", curve=CURVE), "L3") is None
     assert recold_curve(stub(overhead_s=0.0, curve=CURVE), "L3") is None  # CUDA: the chain measures 0
+
+
+def test_a_batch_of_traces_finds_each_kernels_mib_since_as_each_trace_alone_does():
+    from sim.predict.simulator import TraceBatch
+
+    rng = np.random.default_rng(0)
+    pool = [ElementwiseSpec("mul", 8), ElementwiseSpec("add", 4096), GemmSpec(4, 64, 64), GemmSpec(16, 256, 128),
+            GemmSpec(4, 64, 64, "float64")]
+    traces = [[pool[i] for i in rng.integers(0, len(pool), size=n)] for n in (0, 1, 7, 12, 30)]
+    got = TraceBatch.from_traces(traces).mib_since_kind()
+    want = np.concatenate([mib_since_kind(t) for t in traces])
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert got[~np.isnan(got)] == pytest.approx(want[~np.isnan(want)])
+    assert (~np.isnan(want)).sum() > 20  # repeats within traces, so the test compares real distances
