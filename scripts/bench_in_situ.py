@@ -55,13 +55,15 @@ sys.path.insert(0, str(SCRIPTS))
 from costmodel.measure.allocator import configure_allocator  # noqa: E402
 from costmodel.measure.runners import make_runner  # noqa: E402
 from costmodel.measure.timing import TimingConfig, evict_caches, measure  # noqa: E402
-from costmodel.model.cold_start import cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, recold_curve  # noqa: E402
+from costmodel.model.cold_start import (  # noqa: E402
+    cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, mib_since_kind, recold_curve,
+)
 from sim.api import load_cost_model  # noqa: E402
 from sim.capture.dispatch import CaptureMode, CapturedOp  # noqa: E402
 from sim.predict.simulator import measure_callable  # noqa: E402
+from bench_composition import SMALL_BYTES  # noqa: E402 (a kernel moving less is small: its extra is code, not data)
 
 HOST_KINDS = ("view",)  # ops that launch no kernel: their in-situ time is host work
-SMALL_BYTES = 1 << 20  # a kernel moving less is small: its extra in situ is code and dispatch, not data
 
 
 class TimedCaptureMode(CaptureMode):
@@ -101,25 +103,24 @@ def timed_ops(call: Callable[[], Any], reps: int, timing: TimingConfig) -> tuple
 
 
 def op_table(ops: list[CapturedOp], in_situ_s: np.ndarray, runner_s: dict[Any, float]) -> pd.DataFrame:
-    """One row per op: its kind, kernel kind, in-situ and runner seconds, whether it is the first
-    call of its kernel kind in the layer, and the bytes the layer's kernels moved since that kind last ran."""
-    rows, moved, last = [], 0.0, {}
-    for op, t in zip(ops, in_situ_s):
-        kernel = op.kind == "kernel" and op.spec is not None
-        k = cold_start_kind(op.spec) if kernel else op.aten_op
-        rows.append({"index": op.index, "aten_op": op.aten_op, "op_kind": op.kind, "kind": k, "in_situ_s": float(t),
-                     "runner_s": runner_s.get(op.spec) if kernel else None, "first_of_kind": k not in last,
-                     "bytes_since_kind_mib": (moved - last[k]) / 2**20 if k in last else None,
-                     "bytes_moved": op.bytes_moved})
-        if op.kind in ("kernel", "unmapped", "absorbed"):
-            moved += op.bytes_moved
-        last[k] = moved  # bytes strictly between two calls count, as in costmodel.model.cold_start.mib_since_kind
-    return pd.DataFrame(rows)
+    """One row per op: its kind, kernel kind, in-situ and runner seconds and, for a kernel, whether it
+    is its kind's first in the layer and the MiB the layer's kernels moved since the kind last ran
+    (``costmodel.model.cold_start.mib_since_kind``, what the cost model charges re-cooling by)."""
+    kernels = [op for op in ops if op.kind == "kernel" and op.spec is not None]
+    since = dict(zip((op.index for op in kernels), mib_since_kind([op.spec for op in kernels])))
+    return pd.DataFrame([{
+        "index": op.index, "aten_op": op.aten_op, "op_kind": op.kind,
+        "kind": cold_start_kind(op.spec) if op.index in since else op.aten_op, "in_situ_s": float(t),
+        "runner_s": runner_s.get(op.spec) if op.index in since else None,
+        "first_of_kind": bool(np.isnan(since[op.index])) if op.index in since else None,
+        "bytes_since_kind_mib": since.get(op.index), "bytes_moved": op.bytes_moved,
+    } for op, t in zip(ops, in_situ_s)])
 
 
 def kind_table(ops: pd.DataFrame) -> pd.DataFrame:
     """Per kernel kind: calls, in situ, runner, and the extra per call at the first call and at later ones."""
-    k = ops[ops.op_kind == "kernel"].assign(extra_s=lambda d: d.in_situ_s - d.runner_s)
+    k = ops[ops.op_kind == "kernel"].assign(extra_s=lambda d: d.in_situ_s - d.runner_s,
+                                            first_of_kind=lambda d: d.first_of_kind.astype(bool))
     first, later = k[k.first_of_kind], k[~k.first_of_kind]
     out = k.groupby("kind").agg(calls=("in_situ_s", "size"), in_situ_ms=("in_situ_s", "sum"), runner_ms=("runner_s", "sum"))
     out[["in_situ_ms", "runner_ms"]] *= 1e3
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                   for op in ops if op.kind == "kernel" and op.spec is not None}
         table = op_table(ops, in_situ, runner).assign(case=name)
         frames.append(table)
-        kernels = table[table.op_kind == "kernel"]
+        kernels = table[table.op_kind == "kernel"].astype({"first_of_kind": bool})
         extra = kernels.in_situ_s - kernels.runner_s
         charges = cold_start_charges_s(model, "L3", [op.spec for op in ops if op.kind == "kernel" and op.spec is not None])
         summary.append({"case": name, "ops": len(table), "kernels": len(kernels), "wall_ms": 1e3 * wall_s,
