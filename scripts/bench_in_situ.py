@@ -21,7 +21,9 @@ median. Every kernel is also timed alone by the profile's runner (cold operands,
 
 The mode adds its own Python around every op (the timed call excludes it), so the wall
 under the timer is longer than ``wall_ms``; compare the in-situ sums with the runners, not
-with that wall.
+with that wall. The mode's Python also cools each op's code a little: where the in-situ times
+of all ops sum to more than ``wall_ms``, ``timer_excess_us_per_op`` (that excess per op) is a
+lower bound of what the timer adds to each op.
 
 Cases: ``--backends loop,grouped`` (the ``moe_skew`` default layer, T=32, D=1024, F=2048,
 E=16, top-2), ``--hf mixtral/eager,qwen2_moe/grouped_mm`` (transformers' blocks as
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> None:
                         "model_recold_ms": 1e3 * charges[~kernels.first_of_kind.to_numpy()].sum(),
                         "host_ops_ms": 1e3 * table[table.op_kind.isin(HOST_KINDS)].in_situ_s.sum(),
                         "host_ops": int(table.op_kind.isin(HOST_KINDS).sum()),
-                        "other_ops_ms": 1e3 * table[~table.op_kind.isin(("kernel", *HOST_KINDS))].in_situ_s.sum()})
+                        "other_ops_ms": 1e3 * table[~table.op_kind.isin(("kernel", *HOST_KINDS))].in_situ_s.sum(),
+                        "timer_excess_us_per_op": 1e6 * max(0.0, table.in_situ_s.sum() - wall_s) / len(table)})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ops_df = pd.concat(frames, ignore_index=True)
@@ -249,12 +252,12 @@ def main(argv: list[str] | None = None) -> None:
                                                   "exponent": args.exponent, "cases": summary}, indent=2) + "\n")
     t = Table(title=f"cold layers op by op (ms; in-situ medians of {args.reps} cold calls)")
     for head in ("case", "ops", "kernels", "wall", "kernels in situ", "Σ runners", "first calls +", "model first",
-                 "later calls +", "model recold", "host ops", "host-op calls"):
+                 "later calls +", "model recold", "host ops", "host-op calls", "timer excess us/op"):
         t.add_column(head, justify="right")
     for s in summary:
         t.add_row(s["case"], str(s["ops"]), str(s["kernels"]), *(f"{s[c]:.2f}" for c in (
             "wall_ms", "kernels_in_situ_ms", "runners_ms", "first_calls_extra_ms", "model_first_ms", "later_calls_extra_ms",
-            "model_recold_ms", "host_ops_ms")), str(s["host_ops"]))
+            "model_recold_ms", "host_ops_ms")), str(s["host_ops"]), f"{s['timer_excess_us_per_op']:.1f}")
     console.print(t)
     for name, f in kinds.groupby("case", sort=False):
         console.print(f"\n{name}: per kernel kind (extra = in situ - runner, per call)", highlight=False)
