@@ -49,11 +49,11 @@ from costmodel.measure.allocator import configure_allocator
 from costmodel.measure.ceilings import measure_cold_call_overhead
 from costmodel.measure.runners import make_runner
 from costmodel.measure.timing import TimingConfig, measure
+from costmodel.model.cold_start import cold_start_kind as kind, mib_since_kind  # kind: family, op and dtype
 from sim.api import load_cost_model
 from sim.workloads.moe_layer import MoEConfig, MoELayer, DispatchPlan, moe_trace
 from sim.capture.dispatch import capture_trace
 from sim.workloads.routing import Routing, ZipfRouting, route
-from sim.predict.error_parts import kernel_kind
 from sim.predict.simulator import measure_callable, predict_trace
 
 SMALL_BYTES = 1 << 20  # a kernel moving less than this is "small": its cold call is code, not data
@@ -61,22 +61,13 @@ RECOLD_BYTES = 1 << 20  # bytes streamed since a small kind last ran that would 
 
 
 def recold_calls(trace: list[KernelSpec]) -> dict[str, int]:
-    """Per small kind: its later calls with over ``RECOLD_BYTES`` moved since the kind's previous call."""
-    moved, last, count = 0.0, {}, {}
-    for s in trace:
-        if s.bytes_moved() < SMALL_BYTES:
-            k = kind(s)
-            if k in last and moved - last[k] > RECOLD_BYTES:
-                count[k] = count.get(k, 0) + 1
-            last[k] = moved
-        moved += s.bytes_moved()
+    """Per small kind: its later calls with over ``RECOLD_BYTES`` moved since the kind's previous call
+    (``costmodel.model.cold_start.mib_since_kind``, the distance the cost model charges re-cooling by)."""
+    count: dict[str, int] = {}
+    for s, since in zip(trace, mib_since_kind(trace)):
+        if s.bytes_moved() < SMALL_BYTES and since * 2**20 > RECOLD_BYTES:  # NaN (a first call) compares False
+            count[kind(s)] = count.get(kind(s), 0) + 1
     return count
-
-
-def kind(spec: KernelSpec) -> str:
-    """The code path a kernel runs: its family plus the field that picks the aten op
-    (``sim.predict.error_parts.kernel_kind``), and its dtype."""
-    return f"{kernel_kind(spec)}/{spec.dtype}"
 
 
 def check_hf_case(case: str) -> None:

@@ -58,7 +58,7 @@ from costmodel.measure.allocator import configure_allocator  # noqa: E402
 from costmodel.measure.runners import make_runner  # noqa: E402
 from costmodel.measure.timing import TimingConfig, evict_caches, measure  # noqa: E402
 from costmodel.model.cold_start import (  # noqa: E402
-    cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, mib_since_kind, recold_curve,
+    charges_at, cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, mib_since_kind, recold_curve,
 )
 from sim.api import load_cost_model  # noqa: E402
 from sim.capture.dispatch import CaptureMode, CapturedOp  # noqa: E402
@@ -160,7 +160,7 @@ def recold_table(ops: pd.DataFrame, model: Any) -> pd.DataFrame:
     small = ops[(ops.op_kind == "kernel") & ~ops.first_of_kind.astype(bool) & (ops.bytes_moved < SMALL_BYTES)].copy()
     curve = recold_curve(model, "L3")
     per_kind = cold_start_per_kind_s(model, "L3")
-    small["model_us"] = 1e6 * per_kind * (np.interp(small.bytes_since_kind_mib, *curve) if curve is not None else 0.0)
+    small["model_us"] = 1e6 * charges_at(per_kind, curve, small.bytes_since_kind_mib.to_numpy(dtype=float))
     small["extra_us"] = 1e6 * (small.in_situ_s - small.runner_s)
     small["mib_since"] = pd.cut(small.bytes_since_kind_mib, MIB_BINS, include_lowest=True)
     return (small.groupby("mib_since", observed=True)
