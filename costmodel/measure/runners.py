@@ -9,7 +9,10 @@ but a microbenchmark that repeats one call keeps its operands cache-resident and
 fast. So every floating-point operand is rotated, call after call, through different
 slices of one shared random arena larger than the last-level cache (``ARENA_BYTES``), in
 their layout (a transposed view stays one): each call reads its operands from memory, as
-on a GPU after ``do_bench``'s L2 flush. Index tensors are not rotated (their values
+on a GPU after ``do_bench``'s L2 flush. A call's operands lie side by side, never on the
+same bytes: until 2026-12-07 every operand of a copy started at the same offset, so
+``a + b`` read one buffer twice, and binary elementwise kernels of 1-8 MiB timed 0.55-0.8x
+their time on distinct operands (AMD EPYC VM; ``scripts/bench_runner_layout.py``). Index tensors are not rotated (their values
 matter); the arena is allocated once per process and dtype, so rotation costs no
 per-kernel set-up.
 
@@ -100,16 +103,21 @@ def _rotations(inputs: Inputs, device: torch.device,
     read = {i: n for i, n in enumerate(read_prefix or ()) if n is not None and i in dense and n < inputs[i].numel()}
     if read:
         return _prefix_rotations(inputs, device, dense, read)
-    spans = {i: _aligned(inputs[i].numel()) for i in dense}
     arena = {i: _arena(inputs[i].dtype, str(device)) for i in dense}
-    copies = min([MAX_ROTATIONS] + [arena[i].numel() // spans[i] for i in dense])
+    # operands of one dtype share an arena: each copy lays them side by side, so no operand
+    # is read through another's bytes (at one offset, add(a, b) read a single buffer twice)
+    base, stride = {}, {}
+    for i in dense:
+        base[i] = stride.get(inputs[i].dtype, 0)
+        stride[inputs[i].dtype] = base[i] + _aligned(inputs[i].numel())
+    copies = min([MAX_ROTATIONS] + [arena[i].numel() // stride[inputs[i].dtype] for i in dense])
     if copies < 2:
         return [inputs]  # operands larger than half the arena are cold anyway
     out = []
     for c in range(copies):
         items = list(inputs)
         for i in dense:
-            items[i] = _arena_view(inputs[i], arena[i], c * spans[i])
+            items[i] = _arena_view(inputs[i], arena[i], c * stride[inputs[i].dtype] + base[i])
         out.append(tuple(items))
     return out
 

@@ -312,6 +312,23 @@ class DeviceProfile:
                 atomic_write_csv(self.path / MEASUREMENTS, frame)
         return len(new)
 
+    def drop_measurements(self, keys: Iterable[str], *, measured_before: str) -> int:
+        """Remove, under the profile lock, the rows of ``keys`` measured before ``measured_before``
+        (``%Y-%m-%dT%H:%M:%S``, as rows are stamped): what a re-measurement by a corrected runner
+        replaces (``scripts/bench_runner_layout.py``). Returns how many rows went. A key none of
+        whose rows is newer keeps its rows: a kernel is never left unmeasured."""
+        keys = set(keys)
+        with self.locked("dropping replaced measurements"):
+            frame, _ = self._read(fresh=True)
+            if frame.empty:
+                return 0
+            when = frame["measured_at"].astype(str)
+            newer = set(frame.loc[frame["key"].isin(keys) & (when >= measured_before), "key"])
+            drop = frame["key"].isin(newer) & (when < measured_before)
+            if drop.any():
+                atomic_write_csv(self.path / MEASUREMENTS, frame[~drop])
+            return int(drop.sum())
+
     def _keep_rejected(self, rejected: list[RejectedRow]) -> None:
         """Append rows dropped from measurements.csv to rejected.csv (under the lock)."""
         file = self.path / REJECTED

@@ -138,3 +138,19 @@ def test_cold_rotation_spaces_copies_by_what_a_call_reads(monkeypatch, layout):
         assert torch.equal(pool[3][2], inputs[2])  # offsets are not rotated
     finally:
         runners._arena.cache_clear()
+
+
+@pytest.mark.parametrize("spec", [ElementwiseSpec("add", 4096), ElementwiseSpec("mul", 1000), GemmSpec(64, 64, 64),
+                                  GemmSpec(8, 32, 16, layout="nt")])
+def test_cold_operands_of_one_call_never_share_bytes(spec):
+    # until 2026-12-07 every operand of a copy started at the same arena offset: add(a, b) read one buffer twice
+    _, inputs = runners._build(spec, torch.device("cpu"), 0)
+    pool = runners._rotations(inputs, torch.device("cpu"), spec.read_prefix_numel())
+    assert len(pool) > 2
+    for args in pool[:3] + pool[-2:]:
+        spans = sorted((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())  # [first byte, end)
+                       for t in args if isinstance(t, torch.Tensor) and t.is_floating_point())
+        assert len(spans) == 2 and spans[0][1] <= spans[1][0]  # the first ends before the second starts
+    for t in range(len(inputs)):
+        if isinstance(inputs[t], torch.Tensor) and inputs[t].is_floating_point():
+            assert len({args[t].data_ptr() for args in pool}) == len(pool)  # and every copy is elsewhere

@@ -200,3 +200,15 @@ def test_temp_files_of_a_killed_writer_are_removed_by_the_next_writer(profile):
     stale.write_text("half a file")
     profile.append_measurements([_row("a", 0, 1.0)])
     assert not stale.exists()
+
+
+def test_dropping_replaced_rows_keeps_newer_rows_and_never_empties_a_kernel(profile):
+    old = [{**_row(n, r, 1.0), "measured_at": "2026-12-01T10:00:00"} for n in ("a", "b") for r in (0, 1, 2)]
+    profile.append_measurements(old + [{**_row("c", 0, 1.0), "measured_at": "2026-12-01T10:00:00"}])
+    profile.append_measurements([{**_row("a", 0, 2.0), "measured_at": "2026-12-07T11:00:00"}], replace=True)
+    # a: its round 0 re-measured, rounds 1-2 from before go; b and c were not re-measured: kept whole
+    assert profile.drop_measurements({_key("a"), _key("b")}, measured_before="2026-12-07T11:00:00") == 2
+    raw = profile.measurements()
+    assert raw.loc[raw["key"] == _key("a"), "median_s"].tolist() == [2.0]
+    assert (raw["key"] == _key("b")).sum() == 3 and (raw["key"] == _key("c")).sum() == 1
+    assert profile.drop_measurements({_key("a")}, measured_before="2026-12-07T11:00:00") == 0
