@@ -82,6 +82,7 @@ from sim.workloads.memory import check_fits_device, combine, moe_need  # noqa: E
 from sim.workloads.moe_layer import MoEConfig, backend_unavailable_reason  # noqa: E402
 from sim.workloads.routing import route  # noqa: E402
 from costmodel.model.cold_start import cold_start_per_kind_s, recold_curve  # noqa: E402
+from costmodel.model.composition import per_call_s  # noqa: E402
 
 #: this experiment can predict without measuring (``measure=false``: the what-if at larger W)
 MEASURES = "optional"
@@ -303,7 +304,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
         # co-location factor on top), composed by the same timeline: a composition check
         replay = predict_ep_step(pt["cfg"], pt["plan"],
                                  rank_replay_kernel_times(meas["kernel_s"], lookup_times, per_kind_s=per_kind_s,
-                                                          recold=recold_curve(model, "L3")), cm)
+                                                          recold=recold_curve(model, "L3"),
+                                                          per_call_s=per_call_s(model, "L3")), cm)
         row, point = _score_point(pt, held, lookup, meas, MEASURED_SEGMENTS)
         for r, rank in enumerate(point["measured"]["ranks"]):
             phase_pairs["heldout"].append((held.timelines["L3"][r], rank["segments_median_s"]))

@@ -38,7 +38,8 @@ from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.allocator import configure_allocator
 from costmodel.measure.device import check_dtype, check_threads, fingerprint, resolve_device
 from costmodel.measure.timing import Measurement, TimingConfig
-from costmodel.model.cold_start import cold_start_charges_s, cold_start_per_kind_s, first_of_kind
+from costmodel.model.cold_start import cold_start_per_kind_s, first_of_kind
+from costmodel.model.composition import composition_charges_s, per_call_s, view_charges_s
 from costmodel.model.features import roofline_time_s
 from costmodel.model.predictor import CostModel, LEVELS
 from costmodel.store.profile import DeviceProfile
@@ -248,9 +249,11 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
                      l3_factor: Callable[[str], float] | None = None) -> LayerPrediction:
     """Predict every op of a captured trace: mapped kernels by the cost model, unmapped ops
     by the roofline fallback (ideal bytes / measured bandwidth + per-call overhead, the same
-    at every level; plus the cold-call overhead on a cold-cache profile, as ``predict_trace``).
+    at every level; plus the cold-call overhead on a cold-cache profile, as ``predict_trace``),
+    and views by the profile's host costs (rows of family ``view``: ``costmodel.model.composition``;
+    0 at L0 and L1). Every op but a view also pays the per-call cost among other kinds.
     ``l3_factor`` (family -> factor: the held-out drift of ``sim.predict.heldout_drift``) multiplies
-    each mapped kernel's L3 time, not its cold-call overhead."""
+    each mapped kernel's L3 time, not these charges."""
     model = _check_model(model)
     _check_dtypes(trace.float_dtypes(), model, "the captured trace")
     ops = trace.predicted_ops()
@@ -266,24 +269,34 @@ def predict_captured(trace: CapturedTrace, model: CostModel, levels: Sequence[st
         )
     kernels = predict_trace(model, [op.spec for op in mapped], levels, quiet=True)  # type: ignore[misc]
     if l3_factor is not None and "L3" in levels and len(kernels):
-        cold = cold_start_charges_s(model, "L3", [op.spec for op in mapped])  # type: ignore[misc]
+        cold = composition_charges_s(model, "L3", [op.spec for op in mapped])  # type: ignore[misc]
         kernels["L3"] = (kernels["L3"] - cold) * kernels["family"].map(l3_factor).to_numpy(dtype=np.float64) + cold
     kernels.insert(0, "aten_op", [op.aten_op for op in mapped])
     kernels.insert(1, "phase", [op.phase for op in mapped])
     kernels["modelled"] = True
     fallback = [op for op in ops if op.kind == "unmapped"]
     _warn_not_modelled(fallback)
+    parts, placed = [kernels], list(mapped)
     if fallback:
         bytes_moved = np.array([op.bytes_moved for op in fallback], dtype=np.float64)
-        seconds = roofline_time_s(np.zeros_like(bytes_moved), bytes_moved, model.ceilings)
+        seconds = roofline_time_s(np.zeros_like(bytes_moved), bytes_moved, model.ceilings) + per_call_s(model, "L2")
         # an op no family maps is its own kind: its first call pays the cold start
         seconds = seconds + cold_start_per_kind_s(model, "L2") * first_of_kind(op.aten_op for op in fallback)
-        extra = pd.DataFrame({"aten_op": [op.aten_op for op in fallback], "phase": [op.phase for op in fallback],
-                              "family": "roofline_fallback", "kernel": [op.aten_op for op in fallback], "flops": 0.0,
-                              **{lv: seconds for lv in levels}, "modelled": False})
-        order = {op.index: i for i, op in enumerate(mapped)} | {op.index: len(mapped) + i for i, op in enumerate(fallback)}
-        kernels = pd.concat([kernels, extra], ignore_index=True)
-        kernels = kernels.iloc[[order[op.index] for op in ops]].reset_index(drop=True)
+        parts.append(pd.DataFrame({"aten_op": [op.aten_op for op in fallback], "phase": [op.phase for op in fallback],
+                                   "family": "roofline_fallback", "kernel": [op.aten_op for op in fallback], "flops": 0.0,
+                                   **{lv: seconds for lv in levels}, "modelled": False}))
+        placed += fallback
+    views = [op for op in trace.ops if op.kind == "view"]
+    view_s = {lv: view_charges_s(model, lv, [op.aten_op for op in views]) for lv in levels}
+    if any(v.any() for v in view_s.values()):  # a profile with host costs: every view is a row
+        parts.append(pd.DataFrame({"aten_op": [op.aten_op for op in views], "phase": [op.phase for op in views],
+                                   "family": "view", "kernel": [op.aten_op for op in views], "flops": 0.0,
+                                   **view_s, "modelled": True}))
+        placed += views
+    if len(parts) > 1:  # in execution order
+        order = {op.index: i for i, op in enumerate(placed)}
+        kernels = pd.concat(parts, ignore_index=True)
+        kernels = kernels.iloc[[order[op.index] for op in trace.ops if op.index in order]].reset_index(drop=True)
     total = {lv: float(kernels[lv].sum()) for lv in levels}
     coverage = {lv: float(kernels.loc[kernels["modelled"], lv].sum()) / total[lv] if total[lv] > 0 else 1.0
                 for lv in levels}

@@ -61,7 +61,7 @@ from rich.table import Table  # noqa: E402
 from costmodel.cli.console import literal, make_console  # noqa: E402
 from costmodel.measure.device import Fingerprint  # noqa: E402
 from costmodel.families.descriptor import FLOAT_DTYPES, KernelSpec  # noqa: E402
-from costmodel.model.cold_start import cold_start_s  # noqa: E402
+from costmodel.model.composition import composition_s  # noqa: E402
 from costmodel.model.models import ExtrapolationWarning, counted_in_bytes, kernel_work  # noqa: E402
 from costmodel.store.model_cache import ModelCacheWarning  # noqa: E402
 from costmodel.model.predictor import MIN_ROWS_TO_FIT, CostModel  # noqa: E402
@@ -245,12 +245,12 @@ def efficiency_table(devices: Sequence[Device]) -> pd.DataFrame:
 
 def trace_seconds(model: CostModel, trace: Sequence[KernelSpec], level: str) -> float:
     """Predicted seconds of one trace at ``level``: its kernels' predictions summed, plus the
-    cold start of each distinct kind and later calls' re-cooling on a cold-cache profile
-    (``costmodel.model.cold_start``)."""
+    host's cost of each call among other kinds, and the cold start of each distinct kind and later
+    calls' re-cooling on a cold-cache profile (``costmodel.model.composition``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ExtrapolationWarning)  # a reference layer may lie past the profile
         per_kernel = model.predict(trace, [level])[level].to_numpy(dtype=np.float64)
-    return float(per_kernel.sum() + cold_start_s(model, level, trace))
+    return float(per_kernel.sum() + composition_s(model, level, trace))
 
 
 def predictions_table(devices: Sequence[Device], workloads_for: WorkloadsFor) -> pd.DataFrame:

@@ -20,6 +20,9 @@
   call pays after the layer moved S MiB since the kind last ran (``costmodel.model.cold_start``).
   On the AMD EPYC VM (1 MiB L2 per core, 32 MiB L3): about 0.1 up to 4 MiB, 0.2 at 8, 0.7 at 16
   and 1.1-1.3 from 32 MiB on (``scripts/bench_in_situ.py`` reads the same inside eager MoE blocks);
+- host costs (CPU, ``costmodel.measure.host_costs``): what a small op pays in a sequence of
+  ops of other kinds beyond its tight-loop runner (``interleave_overhead_s``), and what an op
+  that launches no kernel (a view) costs warm and cold (``view_op_s``, ``view_cold_overhead_s``);
 - ridge point: peak / bandwidth, the arithmetic intensity where the two roofs meet
   (Williams et al. 2009);
 - parallel units: SMs on a GPU, threads on a CPU (for the tile/wave features).
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from costmodel.families.descriptor import DTYPE_BYTES
+from costmodel.measure.host_costs import measure_host_costs, with_host_costs
 from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
 from costmodel.store.profile import DeviceProfile
 
@@ -103,6 +107,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
     m_tiny = measure(lambda: x + x, device=device, config=timing)
     cold = measure_cold_call_overhead(device, dtype, timing)
     recold = measure_recold_fraction(device, dtype, timing)
+    host = measure_host_costs(device, dtype, timing)
 
     units = (
         torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda"
@@ -117,6 +122,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
         "overhead_s": m_tiny.median_s,
         "cold_call_overhead_s": cold["cold_call_overhead_s"],
         "recold_fraction_by_mib": recold["recold_fraction_by_mib"],
+        **{k: v for k, v in host.items() if k != "evidence"},
         "ridge_flops_per_byte": peak / bandwidth,
         "evidence": {
             "gemm": gemm_rows,
@@ -124,6 +130,7 @@ def measure_ceilings(device: torch.device, dtype: str, timing: TimingConfig) -> 
             "tiny_add": _row(m_tiny),
             "cold_chain": cold["evidence"],
             "recold_chain": recold["evidence"],
+            "host_costs": host["evidence"],
         },
     }
 
@@ -268,4 +275,9 @@ def ensure_ceilings(
         recold = measure_recold_fraction(device, dtype, timing)
         _, ceilings = profile.update_ceilings(
             lambda stored: stored if "recold_fraction_by_mib" in stored else with_recold_fraction(stored or ceilings, recold))
+    if "interleave_overhead_s" not in ceilings:  # profiles measured before the host costs existed
+        print("measuring host costs (small ops in a sequence against alone; views warm and cold)", flush=True)
+        host = measure_host_costs(device, dtype, timing)
+        _, ceilings = profile.update_ceilings(
+            lambda stored: stored if "interleave_overhead_s" in stored else with_host_costs(stored or ceilings, host))
     return ceilings

@@ -262,10 +262,11 @@ def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS) -> Kerne
 
 def rank_replay_kernel_times(per_rank_s: Sequence[Mapping[str, float]], fallback: KernelTimes,
                              level: str = "L3", per_kind_s: float = 0.0,
-                             recold: tuple[np.ndarray, np.ndarray] | None = None) -> KernelTimes:
+                             recold: tuple[np.ndarray, np.ndarray] | None = None, per_call_s: float = 0.0) -> KernelTimes:
     """Kernel seconds as each rank measured its own kernels inside its process (rank replay,
     ``ep_layer.ep_phase_worker(replay=...)``): at ``level`` a trace's seconds are the sum of
-    its kernels' in-rank medians (keyed by ``KernelSpec.key()``) plus ``per_kind_s`` per
+    its kernels' in-rank medians (keyed by ``KernelSpec.key()``) plus ``per_call_s`` per kernel
+    (the host's cost among other kinds, ``costmodel.model.composition``), ``per_kind_s`` per
     distinct kernel kind and, with the profile's ``recold`` curve, each later call's re-cooling
     share (the cold start the cost model charges a cold layer, ``costmodel.model.cold_start``,
     so replay and lookup compose alike); other levels and kernels no
@@ -283,7 +284,8 @@ def rank_replay_kernel_times(per_rank_s: Sequence[Mapping[str, float]], fallback
             seconds = per_rank_s[i // len(PHASES)]
             keys = [s.key() for s in trace]
             if all(k in seconds for k in keys):
-                out[level][i] = float(sum(seconds[k] for k in keys)) + float(charges_s(per_kind_s, recold, trace).sum())
+                out[level][i] = (float(sum(seconds[k] for k in keys)) + per_call_s * len(trace)
+                                 + float(charges_s(per_kind_s, recold, trace).sum()))
         return out
 
     return times

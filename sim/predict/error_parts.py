@@ -17,8 +17,8 @@ the traces call each kernel, and their product, held out against timed now, so a
 which kinds its held-out error sits in and whether it is the regression or the machine.
 The regression and drift parts cover the kernels the profile had before the run (a kernel
 it never measured has no profiled seconds; ``profiled_calls`` counts the covered calls).
-Every side leaves out the cold start of each kind (``costmodel.model.cold_start``): it
-belongs to composition, and the runners' timings do not pay it.
+Every side leaves out the per-call host cost and the cold start of each kind
+(``costmodel.model.composition``): they belong to composition, and the runners' timings do not pay them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import numpy as np
 
 from costmodel.families.descriptor import KernelSpec
 from costmodel.model.predictor import CostModel
-from costmodel.model.cold_start import cold_start_charges_s, kernel_kind
+from costmodel.model.cold_start import kernel_kind
+from costmodel.model.composition import composition_charges_s
 from sim.predict.simulator import predict_trace
 
 #: kinds below this share of the layers' summed replayed kernel seconds are pooled as "other"
@@ -69,7 +70,7 @@ def heldout_error_parts(traces: Sequence[Sequence[KernelSpec]], heldout_model: C
     if not timed:
         return {"kinds": {}, "all": None, "untimed_calls": int(untimed)}
     predicted = predict_trace(heldout_model, timed, ["L3"], quiet=True)["L3"].to_numpy(dtype=np.float64)
-    predicted = predicted - cold_start_charges_s(heldout_model, "L3", timed)
+    predicted = predicted - composition_charges_s(heldout_model, "L3", timed)
     #: per kind: calls, held-out s, timed s, then over the profiled calls: calls, held-out s, timed s, profiled s
     sums: dict[str, np.ndarray] = {}
     for spec, pred in zip(timed, predicted):

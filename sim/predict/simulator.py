@@ -29,7 +29,8 @@ from torch.profiler import ProfilerActivity, profile
 from costmodel.families.descriptor import KernelSpec
 from costmodel.measure.scope import SCOPE_PREFIX, kernel_scope
 from costmodel.measure.timing import Measurement, TimingConfig, evict_caches, measure
-from costmodel.model.cold_start import charges_at, cold_start_charges_s, cold_start_kind, cold_start_per_kind_s, recold_curve
+from costmodel.model.cold_start import charges_at, cold_start_kind, cold_start_per_kind_s, recold_curve
+from costmodel.model.composition import composition_charges_s, per_call_s
 from costmodel.model.features import kernel_table
 from costmodel.model.models import ExtrapolationWarning
 from costmodel.model.predictor import CostModel, LEVELS
@@ -46,7 +47,8 @@ def predict_trace(
 ) -> pd.DataFrame:
     """Per-kernel predictions (seconds), one column per level, plus label and family.
 
-    With a cold-cache profile the first kernel of each kind in the layer also pays the
+    Every kernel also pays the measured cost of running among other kinds
+    (``costmodel.model.composition``); with a cold-cache profile the first kernel of each kind in the layer also pays the
     measured cold start (``costmodel.model.cold_start``: code and small tensors out of cache
     after the eviction a cold layer starts from), and a later one its re-cooling share, at the
     levels that model overheads (L2, L3);
@@ -57,7 +59,7 @@ def predict_trace(
             warnings.simplefilter("ignore", ExtrapolationWarning)
         pred = model.predict(trace, levels)
     for lv in levels:
-        pred[lv] += cold_start_charges_s(model, lv, trace)
+        pred[lv] += composition_charges_s(model, lv, trace)
     pred.insert(0, "family", [s.family for s in trace])
     pred.insert(1, "kernel", [s.label() for s in trace])
     pred.insert(2, "flops", [s.flops() for s in trace])
@@ -139,7 +141,8 @@ def predict_traces(
         pred = model.predict_table(batch.table, levels, keys=batch.keys())
     since = batch.mib_since_kind()
     for lv in levels:
-        per_kernel = pred[lv].to_numpy()[batch.flat] + charges_at(cold_start_per_kind_s(model, lv), recold_curve(model, lv), since)
+        charges = charges_at(cold_start_per_kind_s(model, lv), recold_curve(model, lv), since) + per_call_s(model, lv)
+        per_kernel = pred[lv].to_numpy()[batch.flat] + charges
         out[f"pred_{lv}_s"] = np.bincount(owner, weights=per_kernel, minlength=n)
     for col in ("flops", "bytes_moved"):
         out[col] = np.bincount(owner, weights=batch.table[col].to_numpy()[batch.flat], minlength=n)

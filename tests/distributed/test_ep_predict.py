@@ -246,3 +246,6 @@ def test_rank_replay_sums_each_ranks_own_kernel_seconds_plus_one_cold_start_per_
     i = traces.index(experts)
     assert recooled["L3"][i] == pytest.approx(len(experts) * 2e-3 + float(charges_s(1e-5, curve, experts).sum()))
     assert recooled["L3"][i] > got["L3"][i]  # its GEMMs repeat with data streamed between them
+    # the per-call cost among other kinds (costmodel.model.composition): once per kernel, as the cost model adds it
+    hosted = rank_replay_kernel_times(per_rank, flops_times, per_kind_s=1e-5, recold=curve, per_call_s=3e-6)(traces)
+    assert hosted["L3"][i] == pytest.approx(recooled["L3"][i] + len(experts) * 3e-6)

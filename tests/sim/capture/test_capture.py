@@ -109,6 +109,25 @@ def test_predict_module_with_an_unmapped_op_lists_it_and_uses_the_fallback(tmp_p
     assert [k.family for k in pred.trace] == ["gemm", "elementwise"]
 
 
+def test_views_are_charged_the_profiles_host_costs_in_execution_order(tmp_path):
+    model = _model(tmp_path)
+    net = torch.nn.Linear(32, 32)  # addmm on a transposed weight: a view (t) before the kernel
+    plain = predict_module_latency(net, (torch.randn(16, 32),), model)
+    assert "view" not in set(plain.kernels["family"])  # a profile without host costs charges no view
+    host = {"interleave_overhead_s": 3e-6, "view_op_s": 1e-6, "view_cold_overhead_s": 1e-5}
+    model.ceilings.update(host)
+    pred = predict_captured(plain.captured, model)
+    views = [op for op in plain.captured.ops if op.kind == "view"]
+    assert views and list(pred.kernels["aten_op"]) == [op.aten_op for op in plain.captured.ops
+                                                       if op.kind in ("kernel", "unmapped", "view")]
+    cold = model.fingerprint.cache == "cold"
+    names = [op.aten_op for op in views]
+    want_views = sum(1e-6 + (1e-5 if cold and names.index(n) == i else 0.0) for i, n in enumerate(names))
+    kernels = len(pred.trace)
+    assert pred.total_s["L3"] - plain.total_s["L3"] == pytest.approx(want_views + kernels * 3e-6)
+    assert pred.total_s["L0"] == pytest.approx(plain.total_s["L0"])  # FLOPs-only levels pay no host cost
+
+
 def test_backward_capture_tags_phases_and_predicts_both(tmp_path):
     model = _model(tmp_path)
     net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32))
