@@ -143,7 +143,7 @@ def remeasure(profile: DeviceProfile, kinds: set[str], device: torch.device, tim
               limits: SizeLimits, console: Console) -> dict[str, Any]:
     """Time again every profile kernel of ``kinds`` (its own suite and tag kept), then drop its
     rows from before; record it in the provenance."""
-    table, specs = profile._kernels_and_specs()
+    table, specs = profile.kernels(), profile.specs()
     chosen = [(i, s) for i, s in enumerate(specs) if kernel_kind(s) in kinds]
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
@@ -218,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     except Exception as err:  # noqa: BLE001 - say which profile is missing and how to make one
         raise SystemExit(f"bench_runner_layout.py: error: no profile for this machine under {args.profile_root} "
                          f"({rt.fingerprint.id}): {err}") from None
-    table, specs = profile._kernels_and_specs()
+    table, specs = profile.kernels(), profile.specs()
     picked = sample_kernels(table, specs, args.per_kind, 5e-6, 0.05)
     console.print(f"profile {rt.fingerprint.id}: {len(specs)} kernels, {len(picked)} sampled from kinds whose "
                   "runner has two operands of one dtype")
