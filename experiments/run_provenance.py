@@ -4,8 +4,8 @@
 
 ``commit`` is ``git rev-parse --short HEAD`` of the checkout the experiment's code lives in
 (null outside a git checkout, e.g. an installed wheel); ``dirty`` says whether tracked files
-other than ``profiles/`` differed from that commit when the summary was written (a paired run
-writes into the profile, which is data, not code); ``finished_at`` is the UTC time the
+other than ``profiles/`` and ``results/`` differed from that commit when the summary was written
+(a paired run writes into the profile, a bench script into ``results/``: data, not code); ``finished_at`` is the UTC time the
 summary was written. ``scripts/manifest.py`` reads the commit and the date from here, so a
 committed run folder says where it came from by itself.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 #: tracked paths a run may change without changing the code it measured
-DATA_PATHS = ("profiles",)
+DATA_PATHS = ("profiles", "results")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ def _git(repo, *args):
 def test_commit_dirty_code_and_profiles_that_are_data(tmp_path):
     repo = tmp_path / "repo"
     (repo / "profiles" / "p").mkdir(parents=True)
+    (repo / "results" / "r").mkdir(parents=True)
+    (repo / "results" / "r" / "summary.json").write_text("{}\n")
     (repo / "code.py").write_text("x = 1\n")
     (repo / "profiles" / "p" / "measurements.csv").write_text("a\n")
     _git(repo, "init", "-q")
@@ -29,6 +31,7 @@ def test_commit_dirty_code_and_profiles_that_are_data(tmp_path):
 
     assert run_provenance(repo, now) == {"commit": head, "dirty": False, "finished_at": "2026-12-05T09:09:00+00:00"}
     (repo / "profiles" / "p" / "measurements.csv").write_text("a\nb\n")  # a paired run wrote into the profile
+    (repo / "results" / "r" / "summary.json").write_text('{"a": 1}\n')  # a bench script rewrote a committed result
     (repo / "notes.txt").write_text("untracked\n")
     assert run_provenance(repo, now)["dirty"] is False
     (repo / "code.py").write_text("x = 2\n")
