@@ -51,25 +51,18 @@ from costmodel.store.profile import DeviceProfile  # noqa: E402
 Inputs = tuple[Any, ...]
 
 
-def dense_operands(inputs: Inputs) -> list[int]:
-    """The operands the runner rotates through the arena (``runners._rotations``' rule)."""
-    return [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.layout == torch.strided
-            and t.is_floating_point() and t.numel() > 1
-            and (t.is_contiguous() or runners.is_transposed_view(t))]
-
-
 def can_alias(spec: KernelSpec, inputs: Inputs) -> bool:
     """Whether the old layout put two operands on the same bytes: two or more dense operands
     of one dtype, rotated by size (a prefix-read runner always spaced them apart)."""
     if spec.read_prefix_numel():
         return False
-    dtypes = [inputs[i].dtype for i in dense_operands(inputs)]
+    dtypes = [inputs[i].dtype for i in runners.dense_operands(inputs)]
     return len(dtypes) > len(set(dtypes))
 
 
 def aliased_pool(inputs: Inputs, device: torch.device) -> list[Inputs]:
     """The rotation as it was until 2026-12-07: copy c of every dense operand at offset c x its size."""
-    dense = dense_operands(inputs)
+    dense = runners.dense_operands(inputs)
     spans = {i: runners._aligned(inputs[i].numel()) for i in dense}
     arena = {i: runners._arena(inputs[i].dtype, str(device)) for i in dense}
     copies = min([runners.MAX_ROTATIONS] + [arena[i].numel() // spans[i] for i in dense])

@@ -93,11 +93,17 @@ def _prefix_rotations(inputs: Inputs, device: torch.device, dense: list[int],
     return out
 
 
+def dense_operands(inputs: Inputs) -> list[int]:
+    """Positions of the operands a cold runner rotates: dense floating-point tensors of more
+    than one element, contiguous or a transposed view (index tensors keep their values)."""
+    return [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.layout == torch.strided
+            and t.is_floating_point() and t.numel() > 1 and (t.is_contiguous() or is_transposed_view(t))]
+
+
 def _rotations(inputs: Inputs, device: torch.device,
                read_prefix: tuple[int | None, ...] | None = None) -> list[Inputs]:
     """Input tuples whose dense floating-point tensors are views at rotating arena offsets."""
-    dense = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.layout == torch.strided
-             and t.is_floating_point() and t.numel() > 1 and (t.is_contiguous() or is_transposed_view(t))]
+    dense = dense_operands(inputs)
     if not dense:
         return [inputs]
     read = {i: n for i, n in enumerate(read_prefix or ()) if n is not None and i in dense and n < inputs[i].numel()}
