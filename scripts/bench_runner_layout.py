@@ -137,18 +137,17 @@ def remeasure(profile: DeviceProfile, kinds: set[str], device: torch.device, tim
     """Time again every profile kernel of ``kinds`` (its own suite and tag kept), then drop its
     rows from before; record it in the provenance."""
     table, specs = profile.kernels(), profile.specs()
-    chosen = [(i, s) for i, s in enumerate(specs) if kernel_kind(s) in kinds]
+    rows = [i for i, s in enumerate(specs) if kernel_kind(s) in kinds]
+    chosen = table.iloc[rows].assign(tag=lambda t: t["tag"].fillna(""), spec=[specs[i] for i in rows])
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     t0 = time.perf_counter()
     measured = 0
-    for (suite, tag), group in pd.DataFrame({"suite": table["suite"].iloc[[i for i, _ in chosen]].to_numpy(),
-                                             "tag": table["tag"].iloc[[i for i, _ in chosen]].fillna("").to_numpy(),
-                                             "n": range(len(chosen))}).groupby(["suite", "tag"]):
-        batch = [(str(tag), chosen[int(n)][1]) for n in group["n"]]
+    for (suite, tag), group in chosen.groupby(["suite", "tag"]):
+        batch = [(str(tag), spec) for spec in group["spec"]]
         console.print(f"re-measuring {len(batch)} kernels of suite {suite} ({tag or 'no tag'})")
         measured += measure_specs(batch, profile, device=device, timing=timing, limits=limits, suite=str(suite),
                                   remeasure=True).measured
-    dropped = profile.drop_measurements({s.key() for _, s in chosen}, measured_before=started)
+    dropped = profile.drop_measurements(set(chosen["key"]), measured_before=started)
     entry = {"runner_layout": {"what": "kernels re-measured with operands side by side (runners._rotations); "
                                        "their rows from the aliased layout dropped",
                                "kinds": sorted(kinds), "kernels": measured, "rows_dropped": dropped,

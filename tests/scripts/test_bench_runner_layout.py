@@ -67,3 +67,26 @@ def test_bad_options_are_refused_before_any_timing(bench, argv, message, capsys)
     with pytest.raises(SystemExit):
         bench.parse(argv)
     assert message in capsys.readouterr().err
+
+
+def test_remeasure_replaces_every_old_row_of_the_chosen_kinds_only(bench, tmp_path):
+    from rich.console import Console
+
+    from costmodel.measure.bench import SizeLimits
+    from costmodel.measure.device import fingerprint
+    from costmodel.measure.timing import TimingConfig
+    from costmodel.store.profile import DeviceProfile
+
+    profile = DeviceProfile.open(tmp_path, fingerprint(torch.device("cpu"), "float32"))
+    specs = [ElementwiseSpec("add", 256), ElementwiseSpec("mul", 512), ElementwiseSpec("relu", 256)]
+    profile.append_measurements([{"key": s.key(), "round": r, **s.to_record(), "median_s": 1e-6, "iqr_s": 1e-8,
+                                  "noisy": False, "flops": s.flops(), "bytes_moved": s.bytes_moved(), "suite": "x",
+                                  "tag": "grid", "measured_at": "2026-01-01T00:00:00"} for s in specs for r in range(4)])
+    done = bench.remeasure(profile, {"elementwise/add", "elementwise/mul"}, torch.device("cpu"),
+                           TimingConfig(min_run_time_s=0.01, rounds=2), SizeLimits(max_flops=1e12, max_bytes=1e12),
+                           Console(quiet=True))
+    rows = profile.measurements().groupby("key").size()
+    # add and mul: their two new rounds replace rounds 0-1, and rounds 2-3 of the aliased layout go
+    assert done["kernels"] == 2 and done["rows_dropped"] == 4
+    assert rows[specs[0].key()] == rows[specs[1].key()] == 2 and rows[specs[2].key()] == 4  # relu untouched
+    assert profile.provenance()[-1]["runner_layout"]["kinds"] == ["elementwise/add", "elementwise/mul"]
