@@ -72,3 +72,21 @@ def layout_features(t: pd.DataFrame) -> dict[str, np.ndarray]:
     layout = optional_column(t, "layout", "nn")
     return {"trans_a": (layout.str[0] == "t").to_numpy(dtype=np.float64),
             "trans_b": (layout.str[1] == "t").to_numpy(dtype=np.float64)}
+
+
+#: bytes of a 4 KiB page: rows whose stride is a multiple of it map to the same L1 sets
+PAGE_BYTES = 4096
+
+
+def page_strided_rows(stride_elems: np.ndarray, elem: np.ndarray) -> np.ndarray:
+    """1.0 where a matrix's row stride in bytes is a multiple of 4 KiB, else 0.0.
+
+    Rows that far apart land in the same sets of a set-associative L1 (and alias in the
+    store-forwarding check, "4K aliasing": Intel 64 and IA-32 Architectures Optimization
+    Reference Manual; U. Drepper, What Every Programmer Should Know About Memory, on cache
+    associativity), so a kernel walking down a column of them evicts its own lines.
+    Measured with ``scripts/bench_gemm_stride.py``: a GEMM of M = 4-16 rows whose B is stored
+    [K, N] with such rows runs 1.15-1.26x the time per weight element of its neighbours on the
+    EPYC VM (results/cpu_epyc/gemm_stride)."""
+    stride_bytes = np.asarray(stride_elems, dtype=np.float64) * elem
+    return (np.mod(stride_bytes, PAGE_BYTES) == 0).astype(np.float64)

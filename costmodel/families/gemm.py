@@ -12,9 +12,9 @@ import pandas as pd
 import torch
 
 from costmodel.families.aten_map import OpCall, Unmappable, aten, matmul_dtype, matrix_layout, register
-from costmodel.families.columns import column, layout_features, log10
+from costmodel.families.columns import column, elem_bytes, layout_features, log10, page_strided_rows
 from costmodel.families.descriptor import DTYPE_BYTES, KernelSpec, check_layout, check_positive, layout_flags
-from costmodel.families.inputs import randn, randn_laid_out
+from costmodel.families.inputs import randn_laid_out
 from costmodel.families.registry import SuiteContext, grid, register_family
 from costmodel.families.spmm import spmm_spec
 
@@ -121,16 +121,24 @@ def features(t: pd.DataFrame, ceilings: Mapping[str, Any]) -> dict[str, np.ndarr
     """log M, K, N, aspect log(M/N), output tiles and wave efficiency (tiles over
     ceil(tiles/units)*units: how well the tiles fill the parallel units, "wave quantization",
     NVIDIA's Matrix Multiplication Background guide), and whether it is a matrix-vector
-    product (M or N = 1: BLAS switches to a GEMV kernel), and which operands are transposed
-    (BLAS runs another kernel per transa/transb)."""
+    product (M or N = 1: BLAS switches to a GEMV kernel), which operands are transposed
+    (BLAS runs another kernel per transa/transb), and whether B is stored [K, N] with rows a
+    multiple of 4 KiB apart (``columns.page_strided_rows``). On the EPYC VM such a B cost M = 4-16
+    GEMMs 1.15-1.26x their neighbours' time per weight element, M = 64 1.07-1.09x, while B stored
+    [N, K] (``nn.Linear``'s "nt") showed no such step (0.99-1.05x at the median;
+    ``scripts/bench_gemm_stride.py``, results/cpu_epyc/gemm_stride). Flagging only the stored
+    [K, N] case held out better on both EPYC profiles (4-fold by shape, two seeds: 4.4 / 4.2 ->
+    4.1 / 4.1% one thread, 6.8 / 6.4 -> 6.5 / 6.2% two) than flagging every layout's stride."""
     units = float(ceilings.get("parallel_units", 1))
     tile = TILE.get(str(ceilings.get("device_kind", "cpu")), 64)
     m, k, n = column(t, "m"), column(t, "k"), column(t, "n")
     tiles = np.ceil(m / tile) * np.ceil(n / tile)
+    layout = layout_features(t)
     return {
         "log_m": log10(m), "log_k": log10(k), "log_n": log10(n), "log_m_over_n": log10(m / n),
         "log_tiles": log10(tiles), "wave_eff": tiles / (np.ceil(tiles / units) * units),
-        "gemv": ((m == 1) | (n == 1)).astype(np.float64), **layout_features(t),
+        "gemv": ((m == 1) | (n == 1)).astype(np.float64), **layout,
+        "b_rows_page_strided": page_strided_rows(n, elem_bytes(t)) * (1.0 - layout["trans_b"]),
     }
 
 

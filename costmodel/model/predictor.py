@@ -60,7 +60,8 @@ MIN_ROWS_TO_FIT = 10
 #: 9: sort's CPU path (FBGEMM's radix sort for >= 32,768 integer keys, else std::stable_sort)
 #:    as a feature.
 #: 10: elementwise's integer data as a feature.
-MODEL_VERSION = 10
+#: 11: GEMM's B rows a multiple of 4 KiB apart (cache-set conflicts) as a feature.
+MODEL_VERSION = 11
 
 
 class StaleModelError(RuntimeError):
