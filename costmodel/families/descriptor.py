@@ -193,7 +193,7 @@ def spec_class(family: str) -> type[KernelSpec]:
 
 
 #: field types that may be left unset (None): an empty cell in a table, absent from the key
-OPTIONAL_TYPES = ("float | None", "str | None")
+OPTIONAL_TYPES = ("float | None", "str | None", "int | None")
 
 
 def optional_fields(cls: type[KernelSpec]) -> frozenset[str]:
@@ -209,7 +209,8 @@ def from_record(record: Mapping[str, Any]) -> KernelSpec:
         if f.type in OPTIONAL_TYPES:
             value = record.get(f.name)
             missing = value is None or value == "" or (isinstance(value, float) and math.isnan(value))
-            kwargs[f.name] = None if missing else (str(value) if f.type == "str | None" else float(value))
+            cast = {"str | None": str, "int | None": lambda v: int(float(v))}.get(f.type, float)
+            kwargs[f.name] = None if missing else cast(value)
             continue
         value = record[f.name]
         if f.type in ("tuple[int, ...]",):

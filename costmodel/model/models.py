@@ -294,7 +294,7 @@ def shape_groups(X: pd.DataFrame) -> np.ndarray:
 
 _DESCRIPTOR_COLUMNS = {
     "family", "m", "k", "n", "dtype", "tokens_per_expert", "num_rows", "width", "num_src", "num_dst",
-    "index_cv", "sorted", "nnz", "op", "numel", "rows", "cols", "bins",
+    "index_cv", "sorted", "nnz", "op", "numel", "rows", "cols", "bins", "reduced",
 }
 
 

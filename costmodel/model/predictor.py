@@ -61,7 +61,8 @@ MIN_ROWS_TO_FIT = 10
 #:    as a feature.
 #: 10: elementwise's integer data as a feature.
 #: 11: GEMM's B rows a multiple of 4 KiB apart (cache-set conflicts) as a feature.
-MODEL_VERSION = 11
+#: 12: reductions along a dimension (elementwise reduce_inner / reduce_outer, ``reduced``).
+MODEL_VERSION = 12
 
 
 class StaleModelError(RuntimeError):

@@ -370,12 +370,13 @@ def gemm_suite(targets: Sequence[GemmSpec], *, points: int = 8) -> TaggedSpecs:
 
 def small_op_suite(specs: Sequence[KernelSpec]) -> TaggedSpecs:
     """Elementwise ops around the sizes in ``specs``: 0.5x and 2x each numel (never the
-    size itself)."""
+    size itself; a reduction keeps its reduced extent and scales its outputs)."""
     out: list[KernelSpec] = []
     for s in specs:
         if isinstance(s, ElementwiseSpec):
             for factor in (0.5, 2.0):
-                out.append(ElementwiseSpec(s.op, max(1, int(s.numel * factor)), s.dtype))
+                per = s.reduced or 1
+                out.append(ElementwiseSpec(s.op, max(1, int(s.numel // per * factor)) * per, s.dtype, s.reduced))
     return [("calibration", s) for s in dict.fromkeys(out)]
 
 
