@@ -31,6 +31,16 @@ def only(fn, *args):
     return ks[0]
 
 
+def test_a_boolean_mask_gathers_the_rows_it_keeps_in_order():
+    src = torch.randn(8, 3)
+    mask = torch.tensor([1, 0, 1, 1, 0, 0, 1, 1], dtype=torch.bool)  # keeps 5 of 8 rows
+    cv = round(float(np.sqrt((1 - 5 / 8) / (5 / 8))), 3)  # hits per source row: 1 for 5 of them, 0 for 3
+    assert only(lambda s, m: s[m], src, mask) == GatherSpec(5, 3, 8, cv, True, op="index")
+    # behind a full slice (PyG's edge_index[:, mask]) every element moves on its own: width 1
+    edges = torch.arange(16).view(2, 8)
+    assert only(lambda e, m: e[:, m], edges, mask) == GatherSpec(10, 1, 16, cv, True, "int64", "index")
+
+
 def test_index_stats_by_hand():
     # hits per target [2, 1, 0, 1]: mean 1, population std sqrt(0.5)
     assert index_stats(torch.tensor([0, 0, 1, 3]), 4) == (round(0.5**0.5, 3), True)
