@@ -157,12 +157,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def runtime(args: argparse.Namespace) -> Runtime:
     """conf/base.yaml's runtime (timing, limits, allocator) with this run's threads and profile root."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.to_container(OmegaConf.load(SCRIPTS.parent / "conf" / "base.yaml"), resolve=True)
-    cfg.update(device="cpu", threads=args.threads)
-    cfg["profile"]["root"] = str(Path(args.profile_root).absolute())
-    return Runtime.from_cfg(cfg)
+    return Runtime.from_base_yaml(SCRIPTS.parent / "conf" / "base.yaml", threads=args.threads,
+                                  profile_root=args.profile_root)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

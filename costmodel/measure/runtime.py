@@ -105,6 +105,18 @@ class Runtime:
             measure_lock=measure_lock,
         )
 
+    @classmethod
+    def from_base_yaml(cls, base_yaml: str | Path, *, threads: int | None, profile_root: str | Path,
+                       device: str = "cpu") -> "Runtime":
+        """conf/base.yaml's runtime (timing, limits, allocator, lock) with a script's device,
+        threads and profile root: what the bench scripts outside Hydra measure with."""
+        from omegaconf import OmegaConf  # noqa: PLC0415 - only the scripts need it
+
+        cfg = OmegaConf.to_container(OmegaConf.load(Path(base_yaml)), resolve=True)
+        cfg.update(device=device, threads=threads)
+        cfg["profile"]["root"] = str(Path(profile_root).absolute())
+        return cls.from_cfg(cfg)
+
     def open_profile(self, *, create: bool = True) -> DeviceProfile:
         return DeviceProfile.open(self.profile_root, self.fingerprint, create=create)
 
