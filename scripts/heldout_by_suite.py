@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from costmodel.families.descriptor import from_record  # noqa: E402
 from costmodel.model.cold_start import kernel_kind  # noqa: E402
-from costmodel.model.models import make_levels  # noqa: E402
+from costmodel.model.models import FittedCostModel, make_levels  # noqa: E402
 from costmodel.store.profile import DeviceProfile  # noqa: E402
 from sim.predict.heldout import IGNORED_REFRESH_POLICIES, MIN_HELDOUT_ROWS, OWN_TAGS, family_shortfall, heldout_table  # noqa: E402
 
@@ -47,12 +47,13 @@ LEVELS = ("L2", "L3")
 
 
 def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict, cv_folds: int,
-         tags: tuple[str, ...] = OWN_TAGS) -> pd.DataFrame:
+         tags: tuple[str, ...] = OWN_TAGS, l3_variants: dict[str, dict] | None = None) -> pd.DataFrame:
     """The kernels of ``suite``'s layers (its rows tagged ``tags``), predicted by models fitted
     without them (the training table is ``heldout_table``'s: the experiments' own exclusion rule).
     A family left with fewer than ``MIN_HELDOUT_ROWS`` rows cannot be predicted held out: its
     kernels are left out of the fold and named on the console, as an experiment's ``HeldOutError``
-    names them."""
+    names them. ``l3_variants`` (name -> ``FittedCostModel`` keyword arguments) adds a
+    ``pred_<name>_s`` column per variant, each fitted on the same rows."""
     test = table[(table["suite"] == suite) & table["tag"].astype(str).isin(tags)].reset_index(drop=True)
     train, _ = heldout_table(profile, set(test["key"]))
     short = family_shortfall(train, test["family"].astype(str))
@@ -68,6 +69,15 @@ def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict
                         "profiled_s": test["median_s"].to_numpy(dtype=np.float64)})
     for lv, model in levels.items():
         out[f"pred_{lv}_s"] = np.asarray(model.predict(test), dtype=np.float64)
+    for name, kwargs in (l3_variants or {}).items():
+        model = FittedCostModel(ceilings=ceilings, cv_folds=cv_folds, **kwargs).fit(train, y)
+        out[f"pred_{name}_s"] = np.asarray(model.predict(test), dtype=np.float64)
+        out[f"form_{name}"] = [model.chosen_.get(f, "") for f in test["family"].astype(str)]
+        # the grouped-CV errors behind the choice: the chosen form's and the best single form's
+        cv = {f: model.cv_median_ape_pct_.get(f, {}) for f in set(test["family"].astype(str))}
+        out[f"cv_{name}_chosen_pct"] = [cv[f].get(model.chosen_.get(f, ""), np.nan) for f in test["family"].astype(str)]
+        out[f"cv_{name}_best_single_pct"] = [min((v for n, v in cv[f].items() if not n.startswith("avg:")), default=np.nan)
+                                             for f in test["family"].astype(str)]
     return out
 
 

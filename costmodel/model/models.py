@@ -23,7 +23,7 @@ models compose with ``Pipeline``, ``cross_validate`` and grid search.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import joblib
 import numpy as np
@@ -210,7 +210,8 @@ def _gp() -> Any:
 #: - "ridge2": ridge on degree-2 polynomial features: the simple baseline;
 #: - "trend_gbm" / "trend_extra_trees": a linear trend in the log features plus trees on its
 #:   residual (``TrendPlusResidual``): the trees' steps inside the range, a power law beyond.
-#: The winner per family is the lowest median APE under grouped K-fold CV; the choice and
+#: The winner per family is the lowest median APE under grouped K-fold CV (``averaged_top``
+#: adds averages of the best forms, off by default: ``AVERAGED_TOP``); the choice and
 #: every candidate's CV error are stored in ``chosen_`` and ``cv_median_ape_pct_``.
 #: Ensemble sizes are set by prediction cost at equal error: on the development CPU's
 #: profile (2,051 kernels), 150 boosting rounds at rate 0.1 and 100 randomised trees had
@@ -226,6 +227,52 @@ L3_CANDIDATES: dict[str, Any] = {
     "trend_gbm": lambda: TrendPlusResidual(residual="gbm"),
     "trend_extra_trees": lambda: TrendPlusResidual(residual="extra_trees"),
 }
+
+#: averages L3 may try beside the single forms (``FittedCostModel(averaged_top=...)``): the
+#: mean log efficiency of the best k forms by grouped CV, for each k given (``AveragedForms``;
+#: named ``avg:<form>+<form>...`` in ``chosen_``), chosen only where its own grouped-CV error
+#: (the same folds' predictions, averaged) is the lowest. Forms that err differently on shapes
+#: they have not seen may cancel part of each other's error (model averaging: Breiman 1996,
+#: "Stacked regressions"; Hastie, Tibshirani and Friedman, *The Elements of Statistical
+#: Learning*, 2nd ed., section 8.8). Off by default: scored on the suites the experiments leave
+#: out (``scripts/bench_l3_averaging.py``, EPYC profiles, 2026-12-07) with (2, 3) it moved the
+#: pooled held-out median APE from 9.8 to 10.0% (two threads) and 13.1 to 13.7% (one thread), by
+#: suite from -3.9 to +1.2 points. 21 of the 27 averages CV chose were within 5% of the best
+#: single form's CV error, near ties; keeping only the other 6 gave 9.7% and 13.1%.
+AVERAGED_TOP: tuple[int, ...] = ()
+AVERAGE_PREFIX = "avg:"
+
+
+class AveragedForms(RegressorMixin, BaseEstimator):
+    """The mean of several L3 forms' predictions of log efficiency (a geometric mean of their
+    predicted times), each fitted on the same rows."""
+
+    def __init__(self, forms: tuple[str, ...] = ("gp", "extra_trees")) -> None:
+        self.forms = forms
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> "AveragedForms":
+        unknown = [f for f in self.forms if f not in L3_CANDIDATES]
+        if len(self.forms) < 2 or unknown:
+            raise ValueError(f"forms: at least two of {list(L3_CANDIDATES)}, got {list(self.forms)}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.models_ = [L3_CANDIDATES[f]().fit(X, y) for f in self.forms]
+        return self
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return np.mean([m.predict(X) for m in self.models_], axis=0)
+
+
+def averaged_name(forms: Sequence[str]) -> str:
+    return AVERAGE_PREFIX + "+".join(forms)
+
+
+def make_form(name: str) -> Any:
+    """An unfitted L3 form by the name ``chosen_`` stores: one of ``L3_CANDIDATES`` or an average."""
+    if name.startswith(AVERAGE_PREFIX):
+        return AveragedForms(tuple(name[len(AVERAGE_PREFIX):].split("+")))
+    return L3_CANDIDATES[name]()
+
 
 class EdgeEfficiency(RegressorMixin, BaseEstimator):
     """A constant log efficiency: the median over the largest ``top_share`` of the training
@@ -318,10 +365,12 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
         ceilings: Mapping[str, Any] | None = None,
         candidates: tuple[str, ...] = ("gp", "gbm", "extra_trees", "ridge2", "trend_gbm", "trend_extra_trees"),
         cv_folds: int = 4,
+        averaged_top: tuple[int, ...] = AVERAGED_TOP,
     ) -> None:
         self.ceilings = ceilings
         self.candidates = candidates
         self.cv_folds = cv_folds
+        self.averaged_top = averaged_top
 
     def _target(self, X: pd.DataFrame, y: Any) -> np.ndarray:
         return log_efficiency(X, y, self.ceilings_)
@@ -337,6 +386,8 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
                 raise ValueError(f"L3 candidates must be among {list(L3_CANDIDATES)}, got {c!r}")
         if self.cv_folds < 2:
             raise ValueError(f"cv_folds must be >= 2, got {self.cv_folds}")
+        if any(not isinstance(k, (int, np.integer)) or k < 2 for k in self.averaged_top):
+            raise ValueError(f"averaged_top: forms per average, each an integer >= 2, got {list(self.averaged_top)}")
         self.ceilings_ = dict(_ceilings(self.ceilings))
         y = np.asarray(y, dtype=np.float64)
         target = self._target(X, y)
@@ -366,15 +417,13 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
                 self.models_[family] = float(np.median(t))
                 self.chosen_[family] = "median_efficiency"
                 continue
-            scores = {
-                name: self._cv_score(name, feats.to_numpy(), t, y[idx], groups[idx]) for name in self.candidates
-            }
+            scores = self._cv_scores(feats.to_numpy(), t, y[idx], groups[idx])
             best = min(scores, key=scores.get)
             self.cv_median_ape_pct_[family] = scores
             self.chosen_[family] = best
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # GP optimiser convergence chatter
-                self.models_[family] = L3_CANDIDATES[best]().fit(feats.to_numpy(), t)
+                self.models_[family] = make_form(best).fit(feats.to_numpy(), t)
             self._fit_extrapolator(family, best, feats.to_numpy(), t, y[idx], work[idx])
         return self
 
@@ -387,7 +436,7 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
         if larger.sum() < 2 or (~larger).sum() < MIN_ROWS_FOR_CV:
             self.extrapolator_[family] = "same"
             return
-        forms = {"same": L3_CANDIDATES[best], **EXTRAPOLATOR_CANDIDATES}
+        forms = {"same": lambda: make_form(best), **EXTRAPOLATOR_CANDIDATES}
         lo, hi = t[~larger].min() - CLIP_MARGIN_DECADES, t[~larger].max() + CLIP_MARGIN_DECADES
         scores = {}
         for name, make in forms.items():
@@ -406,16 +455,39 @@ class FittedCostModel(RegressorMixin, BaseEstimator):
                 warnings.simplefilter("ignore")
                 self.extrapolators_[family] = forms[choice]().fit(F, t)
 
-    def _cv_score(self, name: str, F: np.ndarray, t: np.ndarray, y: np.ndarray, groups: np.ndarray) -> float:
-        errors = []
-        for train, test in GroupKFold(n_splits=self.cv_folds).split(F, t, groups):
+    def _cv_scores(self, F: np.ndarray, t: np.ndarray, y: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+        """Median APE under grouped K-fold CV of every candidate form, then of the average of the
+        best k of them for each k of ``averaged_top`` (the same folds' predictions, averaged in
+        log efficiency: no extra fit)."""
+        folds = list(GroupKFold(n_splits=self.cv_folds).split(F, t, groups))
+        log_eff = {name: self._cv_log_efficiency(name, F, t, folds) for name in self.candidates}
+        roofline = y / 10 ** t
+
+        def score(predicted_log_eff: np.ndarray) -> float:
+            return float(np.median(ape_pct(roofline * 10 ** predicted_log_eff, y)))
+
+        scores = {name: score(e) for name, e in log_eff.items()}
+        ranked = sorted(scores, key=scores.get)
+        for k in sorted(set(self.averaged_top)):
+            if k > len(ranked):  # more forms than there are candidates: nothing to average
+                continue
+            top = ranked[:k]
+            scores[averaged_name(top)] = score(np.mean([log_eff[name] for name in top], axis=0))
+        return scores
+
+    @staticmethod
+    def _cv_log_efficiency(name: str, F: np.ndarray, t: np.ndarray, folds: Sequence[tuple[np.ndarray, np.ndarray]]
+                           ) -> np.ndarray:
+        """Each row's log efficiency predicted by ``name`` fitted on the folds without it (clipped
+        to the training rows' range, as ``predict`` clips)."""
+        out = np.empty(len(t))
+        for train, test in folds:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 model = L3_CANDIDATES[name]().fit(F[train], t[train])
             lo, hi = t[train].min() - CLIP_MARGIN_DECADES, t[train].max() + CLIP_MARGIN_DECADES
-            predicted = y[test] / 10 ** t[test] * 10 ** np.clip(model.predict(F[test]), lo, hi)  # roofline * eff.
-            errors.append(ape_pct(predicted, y[test]))
-        return float(np.median(np.concatenate(errors)))
+            out[test] = np.clip(model.predict(F[test]), lo, hi)
+        return out
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         with threadpool_limits(limits=NATIVE_THREADS):

@@ -12,7 +12,8 @@ from sklearn.base import clone
 from costmodel.families.gather import GatherSpec
 from costmodel.families.gemm import GemmSpec
 from costmodel.model.features import kernel_table, roofline_time_s
-from costmodel.model.models import ExtrapolationWarning, FamilyAchievedRate, FittedCostModel, FlopsOverPeak, Roofline
+from costmodel.model.models import (L3_CANDIDATES, AveragedForms, ExtrapolationWarning, FamilyAchievedRate,
+                                    FittedCostModel, FlopsOverPeak, Roofline, make_form)
 
 CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0,
         "parallel_units": 2, "device_kind": "cpu"}
@@ -59,7 +60,7 @@ def test_l3_learns_a_smooth_efficiency_and_clips_extrapolation():
     train_m = np.unique(np.geomspace(1, 2048, 40).round())
     X, y = _synthetic(train_m)
     model = FittedCostModel(ceilings=CEIL, cv_folds=3).fit(X, y)
-    assert model.chosen_["gemm"] in ("gp", "gbm", "ridge2")
+    assert model.chosen_["gemm"] in ("gp", "gbm", "ridge2", "trend_gbm")
     test_m = np.array([3, 37, 150, 700, 1500])
     Xt, yt = _synthetic(test_m)
     ape = np.abs(model.predict(Xt) - yt) / yt
@@ -171,3 +172,46 @@ def test_trend_plus_residual_names_its_residual_options():
 
     with pytest.raises(ValueError, match=r"residual must be one of \['extra_trees', 'gbm'\], got 'forest'"):
         TrendPlusResidual(residual="forest").fit(np.zeros((4, 1)), np.zeros(4))
+
+
+def test_an_average_of_forms_is_the_mean_of_their_log_efficiencies():
+    rng = np.random.default_rng(3)
+    F = rng.normal(size=(40, 3))
+    t = F[:, 0] - 0.5 * F[:, 1] ** 2 + 0.01 * rng.normal(size=40)
+    avg = AveragedForms(("gp", "ridge2")).fit(F, t)
+    alone = [L3_CANDIDATES[f]().fit(F, t).predict(F[:5]) for f in ("gp", "ridge2")]
+    assert avg.predict(F[:5]) == pytest.approx((alone[0] + alone[1]) / 2)
+    assert isinstance(make_form("avg:gp+ridge2"), AveragedForms) and make_form("avg:gp+ridge2").forms == ("gp", "ridge2")
+    assert type(make_form("gbm")) is type(L3_CANDIDATES["gbm"]())
+    with pytest.raises(ValueError, match="at least two of"):
+        AveragedForms(("gp",)).fit(F, t)
+    with pytest.raises(ValueError, match="at least two of"):
+        AveragedForms(("gp", "lasso")).fit(F, t)
+
+
+def test_l3_scores_averages_of_its_best_forms_and_keeps_the_lowest_cv_error():
+    X, y = _synthetic(np.unique(np.geomspace(1, 2048, 40).round()))
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3, averaged_top=(2, 3)).fit(X, y)
+    scores = model.cv_median_ape_pct_["gemm"]
+    singles = sorted((n for n in scores if not n.startswith("avg:")), key=scores.get)
+    assert len(singles) == 6
+    # the averages of the best two and three singles are scored, named by their forms in rank order
+    assert "avg:" + "+".join(singles[:2]) in scores and "avg:" + "+".join(singles[:3]) in scores
+    assert model.chosen_["gemm"] == min(scores, key=scores.get)
+    plain = FittedCostModel(ceilings=CEIL, cv_folds=3).fit(X, y)  # the default: single forms only
+    assert not any(n.startswith("avg:") for n in plain.cv_median_ape_pct_["gemm"])
+    assert plain.cv_median_ape_pct_["gemm"] == pytest.approx({n: scores[n] for n in singles})
+
+
+@pytest.mark.parametrize("top", [(1,), (2, 0), (2.5,)])
+def test_l3_averaged_top_below_two_is_refused(top):
+    X, y = _synthetic(np.arange(1, 30))
+    with pytest.raises(ValueError, match=r"averaged_top: forms per average, each an integer >= 2, got"):
+        FittedCostModel(ceilings=CEIL, cv_folds=3, averaged_top=top).fit(X, y)
+
+
+def test_l3_averages_of_more_forms_than_candidates_are_skipped():
+    X, y = _synthetic(np.unique(np.geomspace(1, 2048, 40).round()))
+    model = FittedCostModel(ceilings=CEIL, cv_folds=3, candidates=("gp", "ridge2"), averaged_top=(2, 3)).fit(X, y)
+    assert sorted(model.cv_median_ape_pct_["gemm"]) == sorted(["gp", "ridge2", "avg:" + "+".join(
+        sorted(("gp", "ridge2"), key=model.cv_median_ape_pct_["gemm"].get))])
