@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
-import torch
+from gemm_profile import gemm_profile, gemm_row
 from script_loader import loaded_script
 
 from costmodel.families.gemm import GemmSpec
-from costmodel.measure.device import fingerprint
 from costmodel.store.profile import DeviceProfile
-
-CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +20,11 @@ def script():
     yield from loaded_script("bench_l3_averaging")
 
 
-def _row(spec: GemmSpec, suite: str, tag: str) -> dict:
-    return {"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(), "bytes_moved": spec.bytes_moved(),
-            "median_s": 1e-5 + spec.flops() / 5e10, "iqr_s": 1e-7, "noisy": False, "suite": suite, "tag": tag}
-
-
 @pytest.fixture
 def profile(tmp_path) -> DeviceProfile:
-    p = DeviceProfile.open(tmp_path / "profiles", fingerprint(torch.device("cpu"), "float32"))
-    rows = [_row(GemmSpec(int(m), k, k), "full", "grid") for m in np.geomspace(1, 2048, 12).round() for k in (64, 256, 1024)]
-    rows += [_row(GemmSpec(int(m), 512, 512), "moe", "calibration") for m in (3, 24, 200)]
-    rows += [_row(GemmSpec(16, 128, 4096), "gemm_stride", "stride_pairs")]  # a bench-style suite: no layer kernels
-    p.append_measurements(rows)
-    p.write_ceilings(CEIL)
-    return p
+    rows = [gemm_row(GemmSpec(int(m), 512, 512), "moe", "calibration") for m in (3, 24, 200)]
+    rows += [gemm_row(GemmSpec(16, 128, 4096), "gemm_stride", "stride_pairs")]  # a bench-style suite: no layer kernels
+    return gemm_profile(tmp_path / "profiles", rows)
 
 
 def test_both_variants_predict_the_suites_own_kernels_from_the_same_rows(script, profile, tmp_path, capsys):

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
-import torch
+from gemm_profile import gemm_profile, gemm_row as _row
 from script_loader import loaded_script
 
 from costmodel.families.gemm import GemmSpec
-from costmodel.measure.device import fingerprint
 from costmodel.store.profile import DeviceProfile
-
-CEIL = {"peak_flops_per_s": 1e11, "bandwidth_bytes_per_s": 1e10, "overhead_s": 1e-6, "ridge_flops_per_byte": 10.0}
 
 
 @pytest.fixture(scope="module")
@@ -24,22 +20,12 @@ def script():
     yield from loaded_script("heldout_by_suite")
 
 
-def _row(spec: GemmSpec, suite: str, tag: str) -> dict:
-    # one smooth law (50 GFLOP/s plus 10 us a call), so a fitted model predicts a left-out GEMM closely
-    return {"key": spec.key(), "round": 0, **spec.to_record(), "flops": spec.flops(), "bytes_moved": spec.bytes_moved(),
-            "median_s": 1e-5 + spec.flops() / 5e10, "iqr_s": 1e-7, "noisy": False, "suite": suite, "tag": tag}
-
-
 @pytest.fixture
 def profile(tmp_path) -> DeviceProfile:
-    p = DeviceProfile.open(tmp_path / "profiles", fingerprint(torch.device("cpu"), "float32"))
-    rows = [_row(GemmSpec(int(m), k, k), "full", "grid") for m in np.geomspace(1, 2048, 12).round() for k in (64, 256, 1024)]
     own = [GemmSpec(int(m), 512, 512) for m in (3, 24, 200)]  # between the grid's K and N
-    rows += [_row(s, "moe", "calibration") for s in own]
+    rows = [_row(s, "moe", "calibration") for s in own]
     rows += [_row(GemmSpec(48, 512, 512), "moe", "heldout_neighbour"), _row(GemmSpec(5, 64, 64), "moe", "refresh_anchor")]
-    p.append_measurements(rows)
-    p.write_ceilings(CEIL)
-    return p
+    return gemm_profile(tmp_path / "profiles", rows)
 
 
 def test_the_suites_own_kernels_are_left_out_and_predicted(script, profile, tmp_path, capsys):
