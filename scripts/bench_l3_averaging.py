@@ -7,7 +7,7 @@ on kernels the fit never saw: for every experiment suite of a profile, the suite
 are left out (``scripts/heldout_by_suite.py``'s folds, the experiments' own exclusion rule) and
 predicted by L3 fitted two ways on the same rows:
 
-- ``single``: single forms only (the default);
+- ``single``: single forms only (the default: the fold's own L3, not fitted again);
 - ``averaged``: single forms and averages (``averaged_top=(2, 3)``);
 - ``margin``: read off the two, no fit of its own: the average where ``averaged`` chose one
   whose CV error is at most ``MARGIN`` of the best single form's, else the single form (is a
@@ -40,7 +40,8 @@ from costmodel.store.profile import DeviceProfile  # noqa: E402
 from heldout_by_suite import BENCH_SUITES, fold  # noqa: E402
 from sim.predict.heldout import IGNORED_REFRESH_POLICIES, OWN_TAGS  # noqa: E402
 
-VARIANTS = {"single": {"averaged_top": ()}, "averaged": {"averaged_top": (2, 3)}}
+#: ``single`` is L3 as fitted by default (single forms only), the fold's own L3 reused
+VARIANTS = {"single": {}, "averaged": {"averaged_top": (2, 3)}}
 #: ``margin``: an average counts only where its CV error is at most this share of the best single form's
 MARGIN = 0.95
 SCORED = ("single", "averaged", "margin")

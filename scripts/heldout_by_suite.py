@@ -69,15 +69,18 @@ def fold(profile: DeviceProfile, table: pd.DataFrame, suite: str, ceilings: dict
                         "profiled_s": test["median_s"].to_numpy(dtype=np.float64)})
     for lv, model in levels.items():
         out[f"pred_{lv}_s"] = np.asarray(model.predict(test), dtype=np.float64)
+    families = test["family"].astype(str).tolist()
     for name, kwargs in (l3_variants or {}).items():
-        model = FittedCostModel(ceilings=ceilings, cv_folds=cv_folds, **kwargs).fit(train, y)
-        out[f"pred_{name}_s"] = np.asarray(model.predict(test), dtype=np.float64)
-        out[f"form_{name}"] = [model.chosen_.get(f, "") for f in test["family"].astype(str)]
+        # a variant with the default settings is the L3 just fitted: not fitted twice
+        model = FittedCostModel(ceilings=ceilings, cv_folds=cv_folds, **kwargs).fit(train, y) if kwargs else levels["L3"]
+        out[f"pred_{name}_s"] = out["pred_L3_s"] if not kwargs else np.asarray(model.predict(test), dtype=np.float64)
+        chosen = [model.chosen_.get(f, "") for f in families]
         # the grouped-CV errors behind the choice: the chosen form's and the best single form's
-        cv = {f: model.cv_median_ape_pct_.get(f, {}) for f in set(test["family"].astype(str))}
-        out[f"cv_{name}_chosen_pct"] = [cv[f].get(model.chosen_.get(f, ""), np.nan) for f in test["family"].astype(str)]
-        out[f"cv_{name}_best_single_pct"] = [min((v for n, v in cv[f].items() if not n.startswith("avg:")), default=np.nan)
-                                             for f in test["family"].astype(str)]
+        cv = [model.cv_median_ape_pct_.get(f, {}) for f in families]
+        out[f"form_{name}"] = chosen
+        out[f"cv_{name}_chosen_pct"] = [c.get(form, np.nan) for c, form in zip(cv, chosen)]
+        out[f"cv_{name}_best_single_pct"] = [min((v for n, v in c.items() if not n.startswith("avg:")), default=np.nan)
+                                             for c in cv]
     return out
 
 
