@@ -1,6 +1,7 @@
 """Predict a later sitting from earlier ones: do the refresh scales of older rows help?
 
     python scripts/bench_sitting_holdout.py PROFILE [--last 5] [--min-kernels 40] [--out DIR]
+                                            [--references 3,8,16,32 [--draws 200]]
 
 A profile is written over many sittings, and a shared VM runs each at its own speed. Every
 refresh re-measures a few kernels and scales the older rows of their family (or sitting) by
@@ -18,7 +19,16 @@ during it: what a later row could know), this script:
 - predicts the sitting's kernels (their medians over rounds, as measured then) with each.
 
 Per sitting and family: kernels, median APE, and the median of predicted / measured (the
-sign APE hides). The summary pools every predicted kernel and, per sitting, takes the median.
+sign APE hides).
+
+``--references K,...`` also asks how many reference kernels a held-out run needs to read the
+machine's phase (``sim.predict.heldout_drift``, which times ``REFERENCES_PER_FAMILY`` of them).
+In every (sitting, family) with at least the largest K + ``MIN_SCORED`` kernels (the same
+groups for every K, so the counts compare on the same kernels), ``--draws`` times: K of
+its kernels, drawn at random, are the references; their median measured / predicted (the
+scaled fit) is the family's drift; the rest are scored with and without it. Per K it reports
+the median APE of the rest, the error of their median ratio (the bias a layer of many such
+kernels inherits) and the share of draws the correction improved. The summary pools every predicted kernel and, per sitting, takes the median.
 Reads the profile, measures nothing. Writes ``sitting_holdout.csv`` (per sitting and family)
 and ``summary.json`` to ``--out``.
 """
@@ -44,6 +54,8 @@ from costmodel.store.profile import DeviceProfile, combine_rounds
 from sim.predict.heldout import IGNORED_REFRESH_POLICIES, MIN_HELDOUT_ROWS
 
 VARIANTS = ("as_measured", "scaled")
+#: a (sitting, family) is scored for K references when it holds at least K + this many kernels
+MIN_SCORED = 8
 
 
 def segments(measured_at: pd.Series, provenance: list[dict[str, Any]]) -> pd.Series:
@@ -109,14 +121,65 @@ def summarize(per_kernel: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main() -> None:
+def reference_trials(per_kernel: pd.DataFrame, ks: list[int], draws: int, seed: int = 0) -> pd.DataFrame:
+    """Per (sitting, family, K, draw), on the groups holding at least max(``ks``) + ``MIN_SCORED``
+    kernels: the median APE and the median predicted / measured of the
+    kernels that are not references, uncorrected and times the references' drift (their median
+    measured / predicted), the ``scaled`` fit's predictions throughout."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for (start, family), g in per_kernel.groupby(["sitting", "family"]):
+        ratio = (g["scaled_s"] / g["measured_s"]).to_numpy(dtype=np.float64)
+        if not ks or len(ratio) < max(ks) + MIN_SCORED:
+            continue  # every count is scored on the same groups
+        for k in ks:
+            for d in range(draws):
+                pick = np.zeros(len(ratio), dtype=bool)
+                pick[rng.choice(len(ratio), size=k, replace=False)] = True
+                drift = float(np.median(1.0 / ratio[pick]))
+                rest = ratio[~pick]
+                rows.append({"sitting": start, "family": family, "kernels": len(ratio), "references": k, "draw": d,
+                             "drift": drift,
+                             "uncorrected_median_ape_pct": float(np.median(np.abs(rest - 1.0)) * 100),
+                             "corrected_median_ape_pct": float(np.median(np.abs(rest * drift - 1.0)) * 100),
+                             "uncorrected_bias_pct": float(abs(np.median(rest) - 1.0) * 100),
+                             "corrected_bias_pct": float(abs(np.median(rest) * drift - 1.0) * 100)})
+    return pd.DataFrame(rows)
+
+
+def summarize_references(trials: pd.DataFrame) -> pd.DataFrame:
+    """Per K: (sitting, family) groups scored, the medians over groups and draws of each error,
+    and the share of draws whose correction lowered the median APE and the bias."""
+    rows = []
+    for k, g in trials.groupby("references"):
+        rows.append({"references": int(k), "groups": int(g.groupby(["sitting", "family"]).ngroups),
+                     "kernels_scored": int(g.drop_duplicates(["sitting", "family"])["kernels"].sum() - k * g.groupby(["sitting", "family"]).ngroups),
+                     **{c: float(g[c].median()) for c in ("uncorrected_median_ape_pct", "corrected_median_ape_pct",
+                                                          "uncorrected_bias_pct", "corrected_bias_pct")},
+                     "ape_improved_share": float((g["corrected_median_ape_pct"] < g["uncorrected_median_ape_pct"]).mean()),
+                     "bias_improved_share": float((g["corrected_bias_pct"] < g["uncorrected_bias_pct"]).mean())})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("profile", type=Path, help="a profile folder (profiles/<fingerprint>)")
     ap.add_argument("--last", type=int, default=5, help="how many of the latest large sittings to predict (default 5)")
     ap.add_argument("--min-kernels", type=int, default=40,
                     help="a sitting is predicted when it holds at least this many kernels (default 40)")
     ap.add_argument("--out", type=Path, help="folder for sitting_holdout.csv and summary.json")
-    args = ap.parse_args()
+    ap.add_argument("--references", default="",
+                    help="comma-separated counts of reference kernels per family to score as a drift reading (e.g. 3,8,16,32)")
+    ap.add_argument("--draws", type=int, default=200, help="random reference draws per sitting, family and count (default 200)")
+    args = ap.parse_args(argv)
+    try:
+        ks = [int(x) for x in args.references.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--references must be comma-separated integers >= 1, got {args.references!r}")
+    if any(k < 1 for k in ks):
+        ap.error(f"--references must be comma-separated integers >= 1, got {args.references!r}")
+    if args.draws < 1:
+        ap.error(f"--draws must be an integer >= 1, got {args.draws}")
     for name, value in (("--last", args.last), ("--min-kernels", args.min_kernels)):
         if value < 1:
             ap.error(f"{name} must be an integer >= 1, got {value}")
@@ -163,14 +226,33 @@ def main() -> None:
         console.print(f"{v}: {len(per_kernel)} kernels, median APE {pooled[v]['median_ape_pct']:.1f}%, "
                       f"predicted / measured {pooled[v]['median_ratio']:.2f}x; per sitting "
                       + ", ".join(f"{x:.1f}" for x in per.values()), highlight=False)
+    references = None
+    if ks:
+        refs = summarize_references(reference_trials(per_kernel, ks, args.draws))
+        t = Table(title=f"the family's drift read off K references in the sitting, the rest scored ({args.draws} draws; "
+                        "medians over sittings, families and draws)")
+        for c in ("K", "groups", "kernels scored", "median APE: none / corrected", "bias: none / corrected",
+                  "draws better (APE / bias)"):
+            t.add_column(c, justify="right")
+        for _, r in refs.iterrows():
+            t.add_row(str(int(r["references"])), str(int(r["groups"])), str(int(r["kernels_scored"])),
+                      f"{r['uncorrected_median_ape_pct']:.1f} / {r['corrected_median_ape_pct']:.1f}",
+                      f"{r['uncorrected_bias_pct']:.1f} / {r['corrected_bias_pct']:.1f}",
+                      f"{100 * r['ape_improved_share']:.0f}% / {100 * r['bias_improved_share']:.0f}%")
+        console.print(t)
+        references = {"draws": args.draws, "min_scored": MIN_SCORED, "by_count": refs.to_dict(orient="records"),
+                      "what": "per (sitting, family), K random kernels of the sitting read the family's drift "
+                              "(median measured / predicted, scaled fit); the rest scored with and without it"}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "sitting_holdout.csv", index=False)
+        per_kernel.to_csv(args.out / "kernels.csv", index=False)
         (args.out / "summary.json").write_text(json.dumps(
             {"profile": args.profile.name, "sittings": targets, "kernels": len(per_kernel), "variants": pooled,
+             **({"references": references} if references else {}),
              "what": "each sitting's kernels predicted by L3 fitted on earlier rows (its own kernels left out), "
                      "as measured or scaled by the refresh records before it"}, indent=1) + "\n")
-        console.print(f"wrote {args.out / 'sitting_holdout.csv'} and summary.json")
+        console.print(f"wrote {args.out / 'sitting_holdout.csv'}, kernels.csv and summary.json")
 
 
 if __name__ == "__main__":

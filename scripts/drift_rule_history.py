@@ -19,7 +19,8 @@ shrinks each family's factor, and a point mixing families is shrunk here as one.
 
 Printed per run: the median APE at each weight, the references' drift over the run (median of
 the per-point factors) and the drift the layers showed (median of measured / held-out L3).
-Also printed: their correlation over runs, and the weight that least-squares would pick (true
+Runs are also split by how many references per family the run timed (``per_family``, read
+off the rule: 3 until 2026-12-07, 16 since). Also printed: their correlation over runs, and the weight that least-squares would pick (true
 log drift on reference log drift, through the origin), left out one run at a time. Reads git
 and the committed files only; measures nothing. Writes ``drift_rule_history.csv`` to ``--out``.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -46,6 +48,12 @@ MACHINES = ("cpu", "cpu_epyc")
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the drift rule being scored: the references read against the held-out model, not their rows
 RULE_MARK = "held-out regression's L3 of the reference"
+
+
+def references_per_family(rule: str) -> int | None:
+    """The references per family a run's drift rule names ("up to N reference kernels"), else None."""
+    found = re.search(r"up to (\d+) reference kernels", rule)
+    return int(found.group(1)) if found else None
 
 
 def score_weights(df: pd.DataFrame, weights: tuple[float, ...] = WEIGHTS) -> dict[str, float]:
@@ -83,7 +91,8 @@ def committed_runs() -> pd.DataFrame:
                 if RULE_MARK not in drift.get("rule", "") or "pred_heldout_drift_L3_s" not in table:
                     continue
                 rows.append({"machine": machine, "experiment": experiment, "commit": commit,
-                             "references": drift.get("references"), **score_weights(table)})
+                             "references": drift.get("references"),
+                             "per_family": references_per_family(drift.get("rule", "")), **score_weights(table)})
     if not rows:
         raise SystemExit("drift_rule_history.py: error: no committed run scored with the current drift rule "
                          f"under results/{{{','.join(MACHINES)}}}/{{{','.join(EXPERIMENTS)}}} (a shallow clone? "
@@ -117,6 +126,10 @@ def main() -> None:
         f"w={w:g} {runs[c].median():.1f} / {runs[c].mean():.1f} / {runs[c].max():.1f}" for w, c in zip(WEIGHTS, cols)))
     console.print("runs better than the headline (w=0): " + ", ".join(
         f"w={w:g} {(runs[c] < runs[cols[0]]).sum()} of {len(runs)}" for w, c in zip(WEIGHTS[1:], cols[1:])))
+    for per_family, g in runs.groupby(runs["per_family"].fillna(0).astype(int)):
+        console.print(f"runs with {per_family or '?'} references per family ({len(g)}): median of the runs' median APE "
+                      + ", ".join(f"w={w:g} {g[c].median():.1f}" for w, c in zip(WEIGHTS, cols))
+                      + f"; w=1 better than w=0 in {(g[cols[-1]] < g[cols[0]]).sum()} of {len(g)}", highlight=False)
     x, y = runs["reference_drift"].to_numpy(), runs["layer_drift"].to_numpy()
     loro = [shrink_weight(np.delete(x, i), np.delete(y, i)) for i in range(len(runs))]
     console.print(f"reference drift against the layers' drift over runs: correlation of logs "

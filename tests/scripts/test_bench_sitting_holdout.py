@@ -60,3 +60,45 @@ def test_a_refresh_during_a_sitting_starts_a_segment_a_gap_of_half_an_hour_a_sit
     prov = [{"refresh": {"at": "2026-12-01T10:20:00"}}, {"command": "bench"}]
     assert bench.segments(at, prov).tolist() == ["2026-12-01T10:00:00", "2026-12-01T10:00:00", "2026-12-01T10:25:00",
                                                  "2026-12-01T10:25:00", "2026-12-01T11:30:00", ""]
+
+
+def test_references_read_a_sittings_drift_and_every_count_is_scored_on_the_same_groups(bench):
+    """A sitting whose gemm kernels all ran 1.25x the fit (no scatter): any K references read
+    1.25 and the corrected rest is exact; a group too small for the largest K is left out for all."""
+    big = pd.DataFrame({"sitting": "s1", "family": "gemm", "measured_s": np.full(30, 1.25), "scaled_s": np.ones(30)})
+    small = pd.DataFrame({"sitting": "s1", "family": "sort", "measured_s": np.full(12, 2.0), "scaled_s": np.ones(12)})
+    trials = bench.reference_trials(pd.concat([big, small], ignore_index=True), [3, 8], draws=5)
+    assert set(trials["family"]) == {"gemm"}  # sort: 12 < 8 + MIN_SCORED
+    assert sorted(trials["references"].unique()) == [3, 8] and len(trials) == 10
+    assert np.allclose(trials["drift"], 1.25)
+    assert np.allclose(trials["uncorrected_median_ape_pct"], 20.0) and np.allclose(trials["corrected_median_ape_pct"], 0.0)
+    assert np.allclose(trials["uncorrected_bias_pct"], 20.0) and np.allclose(trials["corrected_bias_pct"], 0.0)
+    summary = bench.summarize_references(trials).set_index("references")
+    assert summary.loc[3, "groups"] == 1 and summary.loc[3, "kernels_scored"] == 27
+    assert summary.loc[8, "kernels_scored"] == 22 and summary.loc[8, "ape_improved_share"] == 1.0
+
+
+def test_references_are_drawn_from_the_sitting_and_never_scored(bench):
+    """Two references at 2x and the rest exact: with K = all-but-MIN_SCORED drawn at random, the
+    drift is the references' median, so it is read off the drawn kernels only."""
+    measured = np.ones(10)
+    measured[:2] = 2.0
+    df = pd.DataFrame({"sitting": "s", "family": "gemm", "measured_s": measured, "scaled_s": np.ones(10)})
+    trials = bench.reference_trials(df, [1], draws=200, seed=3)
+    # a draw of one 2x kernel reads drift 2 and leaves one 2x kernel among nine scored
+    hit = trials["drift"] == 2.0
+    assert 0 < hit.sum() < 200 and np.allclose(trials.loc[~hit, "drift"], 1.0)
+    assert np.allclose(trials.loc[hit, "uncorrected_median_ape_pct"], 0.0)
+    assert np.allclose(trials.loc[hit, "corrected_median_ape_pct"], 100.0)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--references", "3,x"], "--references must be comma-separated integers >= 1"),
+    (["--references", "0,3"], "--references must be comma-separated integers >= 1"),
+    (["--draws", "0"], "--draws must be an integer >= 1"),
+    (["--last", "0"], "--last must be an integer >= 1"),
+])
+def test_bad_options_are_refused_naming_the_option(bench, tmp_path, argv, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        bench.main([str(tmp_path), *argv])
+    assert err.value.code == 2 and message in capsys.readouterr().err

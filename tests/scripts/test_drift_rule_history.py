@@ -41,3 +41,11 @@ def test_the_shrink_weight_is_least_squares_of_log_drifts_through_the_origin(his
     ref = np.exp([0.2, -0.1])
     layer = np.exp([0.1, -0.05])  # exactly half of each reference log drift
     assert history.shrink_weight(ref, layer) == pytest.approx(0.5)
+
+
+def test_the_references_per_family_are_read_off_the_rule(history):
+    from sim.predict.heldout_drift import FamilyDrift, REFERENCES_PER_FAMILY
+    rule = FamilyDrift().to_dict()["rule"]
+    assert history.references_per_family(rule) == REFERENCES_PER_FAMILY
+    assert history.references_per_family(rule.replace(f"up to {REFERENCES_PER_FAMILY} ", "up to 3 ")) == 3
+    assert history.references_per_family("per family, the median of a few references") is None

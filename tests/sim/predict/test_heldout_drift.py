@@ -35,7 +35,7 @@ def test_references_are_near_the_heaviest_kernel_but_never_a_twin_of_a_scored_on
     candidates = [GemmSpec(m, 256, 256) for m in (2, 4, 16, 32, 48, 56, 72, 96, 128, 256, 1024)]
     table = _table(candidates + [SortSpec(1 << 16)], [1e-3] * len(candidates) + [1e-3])
     predicted = {s.key(): t for s, t in zip(trace, (9e-3, 1e-3, 1e-5))}  # sort: 0.1% of the time
-    chosen = choose_references(table, [trace], predicted)
+    chosen = choose_references(table, [trace], predicted, per_family=3)
     assert set(chosen["family"]) == {"gemm"}  # sort carries < MIN_FAMILY_SHARE: no references of its own
     ms = sorted(int(m) for m in chosen["m"])
     # nearest to m=64 that differ from m=64 and m=8 by >= sqrt(2) in FLOPs (or bytes): 48 (0.75x),
