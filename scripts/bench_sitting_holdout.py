@@ -24,9 +24,12 @@ sign APE hides).
 ``--references K,...`` also asks how many reference kernels a held-out run needs to read the
 machine's phase (``sim.predict.heldout_drift``, which times ``REFERENCES_PER_FAMILY`` of them).
 In every (sitting, family) with at least the largest K + ``MIN_SCORED`` kernels (the same
-groups for every K, so the counts compare on the same kernels), ``--draws`` times: K of
-its kernels, drawn at random, are the references; their median measured / predicted (the
-scaled fit) is the family's drift; the rest are scored with and without it. Per K it reports
+groups for every K), ``--draws`` times: K of its kernels are the references and their median
+measured / predicted (the scaled fit) is the family's drift; the scored kernels are read with
+and without it. ``--pick nearest`` (default) picks them as a run does: a kernel drawn at random
+stands for a layer's heaviest, its near twins (within sqrt(2) in bytes and FLOPs) are scored,
+the K nearest kernels outside that neighbourhood are the references. ``--pick random``: K
+kernels drawn at random, the rest scored. Per K it reports
 the median APE of the rest, the error of their median ratio (the bias a layer of many such
 kernels inherits) and the share of draws the correction improved. The summary pools every predicted kernel and, per sitting, takes the median.
 Reads the profile, measures nothing. Writes ``sitting_holdout.csv`` (per sitting and family)
@@ -52,10 +55,13 @@ from costmodel.measure.freshness import measurement_epochs
 from costmodel.model.models import ExtrapolationWarning, ape_pct, make_levels
 from costmodel.store.profile import DeviceProfile, combine_rounds
 from sim.predict.heldout import IGNORED_REFRESH_POLICIES, MIN_HELDOUT_ROWS
+from sim.predict.heldout_drift import MIN_DISTANCE_LOG2
 
 VARIANTS = ("as_measured", "scaled")
 #: a (sitting, family) is scored for K references when it holds at least K + this many kernels
 MIN_SCORED = 8
+#: how the references of a draw are picked (``reference_trials``)
+PICKS = ("random", "nearest")
 
 
 def segments(measured_at: pd.Series, provenance: list[dict[str, Any]]) -> pd.Series:
@@ -101,7 +107,7 @@ def predict_sitting(raw: pd.DataFrame, start: str, provenance: list[dict[str, An
     counts = tables["as_measured"]["family"].value_counts()
     families = sorted(f for f in target["family"].unique() if counts.get(f, 0) >= min_rows)
     target = target[target["family"].isin(families)].reset_index(drop=True)
-    out = target[["key", "family", "median_s"]].rename(columns={"median_s": "measured_s"})
+    out = target[["key", "family", "bytes_moved", "flops", "median_s"]].rename(columns={"median_s": "measured_s"})
     for name, table in tables.items():
         table = table[table["family"].isin(families)].reset_index(drop=True)
         model = make_levels(ceilings)["L3"].fit(table, table["median_s"].to_numpy(dtype=np.float64))
@@ -121,25 +127,50 @@ def summarize(per_kernel: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def reference_trials(per_kernel: pd.DataFrame, ks: list[int], draws: int, seed: int = 0) -> pd.DataFrame:
+def reference_trials(per_kernel: pd.DataFrame, ks: list[int], draws: int, seed: int = 0,
+                     pick: str = "random") -> pd.DataFrame:
     """Per (sitting, family, K, draw), on the groups holding at least max(``ks``) + ``MIN_SCORED``
-    kernels: the median APE and the median predicted / measured of the
-    kernels that are not references, uncorrected and times the references' drift (their median
-    measured / predicted), the ``scaled`` fit's predictions throughout."""
+    kernels: the median APE and the median predicted / measured of the scored kernels,
+    uncorrected and times the references' drift (their median measured / predicted), the
+    ``scaled`` fit's predictions throughout.
+
+    ``pick="random"``: K kernels drawn at random are the references, the rest are scored.
+    ``pick="nearest"`` (as a run picks them, ``sim.predict.heldout_drift.choose_references``): a
+    kernel drawn at random stands for a layer's heaviest; the kernels within
+    ``MIN_DISTANCE_LOG2`` octaves of it in both bytes moved and FLOPs are scored, and the K
+    kernels nearest to it among those at least that far from every scored one are the
+    references (a draw without K such kernels is skipped)."""
+    if pick not in PICKS:
+        raise ValueError(f"pick must be one of {list(PICKS)}, got {pick!r}")
     rng = np.random.default_rng(seed)
     rows = []
     for (start, family), g in per_kernel.groupby(["sitting", "family"]):
         ratio = (g["scaled_s"] / g["measured_s"]).to_numpy(dtype=np.float64)
         if not ks or len(ratio) < max(ks) + MIN_SCORED:
             continue  # every count is scored on the same groups
-        for k in ks:
-            for d in range(draws):
-                pick = np.zeros(len(ratio), dtype=bool)
-                pick[rng.choice(len(ratio), size=k, replace=False)] = True
-                drift = float(np.median(1.0 / ratio[pick]))
-                rest = ratio[~pick]
+        if pick == "nearest":
+            lb = np.log2(np.maximum(g["bytes_moved"].to_numpy(dtype=np.float64), 1.0))
+            lf = np.log2(np.maximum(g["flops"].to_numpy(dtype=np.float64), 1.0))
+        for d in range(draws):
+            if pick == "nearest":
+                t = int(rng.integers(len(ratio)))
+                scored = np.maximum(np.abs(lb - lb[t]), np.abs(lf - lf[t])) < MIN_DISTANCE_LOG2
+                gap = np.maximum(np.abs(lb[:, None] - lb[scored][None, :]),
+                                 np.abs(lf[:, None] - lf[scored][None, :])).min(axis=1)
+                candidates = np.flatnonzero(gap >= MIN_DISTANCE_LOG2)
+                order = candidates[np.argsort(np.hypot(lb[candidates] - lb[t], lf[candidates] - lf[t]), kind="stable")]
+            for k in ks:
+                if pick == "nearest":
+                    if len(order) < k:
+                        continue
+                    refs, rest = order[:k], ratio[scored]
+                else:
+                    chosen = np.zeros(len(ratio), dtype=bool)
+                    chosen[rng.choice(len(ratio), size=k, replace=False)] = True
+                    refs, rest = np.flatnonzero(chosen), ratio[~chosen]
+                drift = float(np.median(1.0 / ratio[refs]))
                 rows.append({"sitting": start, "family": family, "kernels": len(ratio), "references": k, "draw": d,
-                             "drift": drift,
+                             "scored": len(rest), "drift": drift,
                              "uncorrected_median_ape_pct": float(np.median(np.abs(rest - 1.0)) * 100),
                              "corrected_median_ape_pct": float(np.median(np.abs(rest * drift - 1.0)) * 100),
                              "uncorrected_bias_pct": float(abs(np.median(rest) - 1.0) * 100),
@@ -148,12 +179,13 @@ def reference_trials(per_kernel: pd.DataFrame, ks: list[int], draws: int, seed: 
 
 
 def summarize_references(trials: pd.DataFrame) -> pd.DataFrame:
-    """Per K: (sitting, family) groups scored, the medians over groups and draws of each error,
-    and the share of draws whose correction lowered the median APE and the bias."""
+    """Per K: (sitting, family) groups scored, draws, the median kernels scored per draw, the
+    medians over groups and draws of each error, and the share of draws whose correction
+    lowered the median APE and the bias."""
     rows = []
     for k, g in trials.groupby("references"):
-        rows.append({"references": int(k), "groups": int(g.groupby(["sitting", "family"]).ngroups),
-                     "kernels_scored": int(g.drop_duplicates(["sitting", "family"])["kernels"].sum() - k * g.groupby(["sitting", "family"]).ngroups),
+        rows.append({"references": int(k), "groups": int(g.groupby(["sitting", "family"]).ngroups), "draws": len(g),
+                     "scored_per_draw": float(g["scored"].median()),
                      **{c: float(g[c].median()) for c in ("uncorrected_median_ape_pct", "corrected_median_ape_pct",
                                                           "uncorrected_bias_pct", "corrected_bias_pct")},
                      "ape_improved_share": float((g["corrected_median_ape_pct"] < g["uncorrected_median_ape_pct"]).mean()),
@@ -171,6 +203,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--references", default="",
                     help="comma-separated counts of reference kernels per family to score as a drift reading (e.g. 3,8,16,32)")
     ap.add_argument("--draws", type=int, default=200, help="random reference draws per sitting, family and count (default 200)")
+    ap.add_argument("--pick", choices=PICKS, default="nearest",
+                    help="references at random, or nearest to a drawn kernel as a run picks them (default nearest)")
     args = ap.parse_args(argv)
     try:
         ks = [int(x) for x in args.references.split(",") if x.strip()]
@@ -228,21 +262,23 @@ def main(argv: list[str] | None = None) -> None:
                       + ", ".join(f"{x:.1f}" for x in per.values()), highlight=False)
     references = None
     if ks:
-        refs = summarize_references(reference_trials(per_kernel, ks, args.draws))
-        t = Table(title=f"the family's drift read off K references in the sitting, the rest scored ({args.draws} draws; "
-                        "medians over sittings, families and draws)")
-        for c in ("K", "groups", "kernels scored", "median APE: none / corrected", "bias: none / corrected",
+        refs = summarize_references(reference_trials(per_kernel, ks, args.draws, pick=args.pick))
+        t = Table(title=f"the family's drift read off K references ({args.pick}) in the sitting, the others scored "
+                        f"({args.draws} draws; medians over sittings, families and draws)")
+        for c in ("K", "groups", "draws", "scored per draw", "median APE: none / corrected", "bias: none / corrected",
                   "draws better (APE / bias)"):
             t.add_column(c, justify="right")
         for _, r in refs.iterrows():
-            t.add_row(str(int(r["references"])), str(int(r["groups"])), str(int(r["kernels_scored"])),
+            t.add_row(str(int(r["references"])), str(int(r["groups"])), str(int(r["draws"])), f"{r['scored_per_draw']:.0f}",
                       f"{r['uncorrected_median_ape_pct']:.1f} / {r['corrected_median_ape_pct']:.1f}",
                       f"{r['uncorrected_bias_pct']:.1f} / {r['corrected_bias_pct']:.1f}",
                       f"{100 * r['ape_improved_share']:.0f}% / {100 * r['bias_improved_share']:.0f}%")
         console.print(t)
-        references = {"draws": args.draws, "min_scored": MIN_SCORED, "by_count": refs.to_dict(orient="records"),
-                      "what": "per (sitting, family), K random kernels of the sitting read the family's drift "
-                              "(median measured / predicted, scaled fit); the rest scored with and without it"}
+        references = {"draws": args.draws, "pick": args.pick, "min_scored": MIN_SCORED,
+                      "by_count": refs.to_dict(orient="records"),
+                      "what": "per (sitting, family), K kernels of the sitting (random, or nearest to a drawn kernel "
+                              "outside its sqrt(2) neighbourhood, which is scored) read the family's drift (median "
+                              "measured / predicted, scaled fit); the scored kernels with and without it"}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         table.to_csv(args.out / "sitting_holdout.csv", index=False)

@@ -40,13 +40,14 @@ import pandas as pd
 
 from costmodel.families.descriptor import KernelSpec
 #: references per family. A reference's ratio to the fitted surface carries its own kernel's
-#: residual (12-18% between sittings on these VMs) besides the phase, so a median of few reads
+#: residual (10-18% between sittings on these VMs) besides the phase, so a median of few reads
 #: mostly that residual. Asked of the EPYC profiles' own sittings (``scripts/bench_sitting_holdout.py
-#: PROFILE --last 6 --references 1,3,8,16``, 2026-12-07; K kernels of a sitting read its family's
-#: drift, the rest are scored): on one thread, the rest's median APE 11.5% uncorrected -> 10.3 /
-#: 8.9 / 8.1% with 3 / 8 / 16 references, their bias 8.2 -> 5.1 / 3.5 / 2.6%; on two threads,
-#: whose sittings drifted little (bias 3.1%), 3 references made it worse (9.6 -> 10.5%, bias 5.3%)
-#: and 16 did not (9.1%, 2.8%). So 16, not the first rule's 3.
+#: PROFILE --last 6 --references 1,3,8,16``, 2026-12-07; references picked as here, nearest to a
+#: drawn kernel outside its near twins, which are scored): on two threads 3 references took the
+#: scored kernels' median APE from 10.4 to 12.2% and 16 from 11.1 to 11.5%; on one thread, where
+#: the machine had drifted, 10.0 to 8.3% and 8.2%. Drawn at random instead, 16 cut the one-thread
+#: bias from 8.2 to 2.6% where 3 left 5.1%. So 16, never worse than the first rule's 3
+#: (docs/method.md, "How many references read a sitting's phase?").
 REFERENCES_PER_FAMILY = 16
 #: families carrying less than this share of the traces' predicted L3 time get no references
 #: of their own (they take the median over every reference)

@@ -74,8 +74,8 @@ def test_references_read_a_sittings_drift_and_every_count_is_scored_on_the_same_
     assert np.allclose(trials["uncorrected_median_ape_pct"], 20.0) and np.allclose(trials["corrected_median_ape_pct"], 0.0)
     assert np.allclose(trials["uncorrected_bias_pct"], 20.0) and np.allclose(trials["corrected_bias_pct"], 0.0)
     summary = bench.summarize_references(trials).set_index("references")
-    assert summary.loc[3, "groups"] == 1 and summary.loc[3, "kernels_scored"] == 27
-    assert summary.loc[8, "kernels_scored"] == 22 and summary.loc[8, "ape_improved_share"] == 1.0
+    assert summary.loc[3, "groups"] == 1 and summary.loc[3, "scored_per_draw"] == 27 and summary.loc[3, "draws"] == 5
+    assert summary.loc[8, "scored_per_draw"] == 22 and summary.loc[8, "ape_improved_share"] == 1.0
 
 
 def test_references_are_drawn_from_the_sitting_and_never_scored(bench):
@@ -92,10 +92,30 @@ def test_references_are_drawn_from_the_sitting_and_never_scored(bench):
     assert np.allclose(trials.loc[hit, "corrected_median_ape_pct"], 100.0)
 
 
+def test_nearest_references_score_a_kernels_near_twins_and_read_the_drift_outside_them(bench):
+    """20 pairs of near twins (0.1 octave apart), pairs 2 octaves apart, pair p measured at 1 + p^2
+    times its prediction: a draw scores the drawn kernel's pair only, and its references are the
+    nearest pairs around it (within two pairs), never its twin."""
+    octave = np.array([2 * p + 0.1 * j for p in range(20) for j in (0, 1)])
+    pair = np.repeat(np.arange(20), 2)
+    df = pd.DataFrame({"sitting": "s", "family": "gemm", "bytes_moved": 2.0 ** (10 + octave),
+                       "flops": 2.0 ** (12 + octave), "measured_s": 1.0 + pair ** 2, "scaled_s": 1.0})
+    trials = bench.reference_trials(df, [2, 4], draws=50, seed=1, pick="nearest")
+    assert len(trials) == 100 and (trials["scored"] == 2).all()
+    q2 = trials["uncorrected_median_ape_pct"] / (100 - trials["uncorrected_median_ape_pct"])  # the scored pair, squared
+    q = np.round(np.sqrt(q2))
+    assert np.allclose(q2, q ** 2) and q.nunique() > 10
+    assert (trials["drift"] != 1 + q ** 2).all()
+    assert ((trials["drift"] >= 1 + np.maximum(q - 2, 0) ** 2) & (trials["drift"] <= 1 + (q + 2) ** 2)).all()
+    with pytest.raises(ValueError, match="pick must be one of"):
+        bench.reference_trials(df, [2], draws=1, pick="farthest")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--references", "3,x"], "--references must be comma-separated integers >= 1"),
     (["--references", "0,3"], "--references must be comma-separated integers >= 1"),
     (["--draws", "0"], "--draws must be an integer >= 1"),
+    (["--pick", "farthest"], "--pick: invalid choice"),
     (["--last", "0"], "--last must be an integer >= 1"),
 ])
 def test_bad_options_are_refused_naming_the_option(bench, tmp_path, argv, message, capsys):
