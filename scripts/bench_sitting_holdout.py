@@ -1,7 +1,7 @@
 """Predict a later sitting from earlier ones: do the refresh scales of older rows help?
 
     python scripts/bench_sitting_holdout.py PROFILE [--last 5] [--min-kernels 40] [--out DIR]
-                                            [--references 3,8,16,32 [--draws 200]]
+                                            [--references 1,3,8,16 [--draws 200] [--pick nearest|random]]
 
 A profile is written over many sittings, and a shared VM runs each at its own speed. Every
 refresh re-measures a few kernels and scales the older rows of their family (or sitting) by
@@ -19,7 +19,7 @@ during it: what a later row could know), this script:
 - predicts the sitting's kernels (their medians over rounds, as measured then) with each.
 
 Per sitting and family: kernels, median APE, and the median of predicted / measured (the
-sign APE hides).
+sign APE hides). The summary pools every predicted kernel and, per sitting, takes the median.
 
 ``--references K,...`` also asks how many reference kernels a held-out run needs to read the
 machine's phase (``sim.predict.heldout_drift``, which times ``REFERENCES_PER_FAMILY`` of them).
@@ -29,11 +29,12 @@ measured / predicted (the scaled fit) is the family's drift; the scored kernels 
 and without it. ``--pick nearest`` (default) picks them as a run does: a kernel drawn at random
 stands for a layer's heaviest, its near twins (within sqrt(2) in bytes and FLOPs) are scored,
 the K nearest kernels outside that neighbourhood are the references. ``--pick random``: K
-kernels drawn at random, the rest scored. Per K it reports
-the median APE of the rest, the error of their median ratio (the bias a layer of many such
-kernels inherits) and the share of draws the correction improved. The summary pools every predicted kernel and, per sitting, takes the median.
-Reads the profile, measures nothing. Writes ``sitting_holdout.csv`` (per sitting and family)
-and ``summary.json`` to ``--out``.
+kernels drawn at random, the rest scored. Per K it reports the scored kernels' median APE,
+the error of their median ratio (the bias a layer of such kernels inherits) and the share of
+draws the correction improved.
+
+Reads the profile, measures nothing. Writes ``sitting_holdout.csv`` (per sitting and family),
+``kernels.csv`` (per kernel) and ``summary.json`` to ``--out``.
 """
 
 from __future__ import annotations
