@@ -20,9 +20,10 @@ shrinks each family's factor, and a point mixing families is shrunk here as one.
 Printed per run: the median APE at each weight, the references' drift over the run (median of
 the per-point factors) and the drift the layers showed (median of measured / held-out L3).
 Runs are also split by how many references per family the run timed (``per_family``, read
-off the rule: 3 until 2026-12-07, 16 since). Also printed: their correlation over runs, and the weight that least-squares would pick (true
-log drift on reference log drift, through the origin), left out one run at a time. Reads git
-and the committed files only; measures nothing. Writes ``drift_rule_history.csv`` to ``--out``.
+off the rule: 3 until 2026-12-07, 16 since). Also printed: their correlation over runs, and
+the weight that least-squares would pick (true log drift on reference log drift, through the
+origin), left out one run at a time. Reads git and the committed files only; measures
+nothing. Writes ``drift_rule_history.csv`` to ``--out``.
 """
 
 from __future__ import annotations
