@@ -5,7 +5,8 @@ for every family: memory-bound kernels slow down more than compute-bound ones wh
 neighbour streams memory). A model fitted on yesterday's rows cannot know today's phase; the
 experiment's own kernels would tell it, but a held-out score must not look at them.
 
-So a held-out run also times *reference kernels* (up to ``REFERENCES_PER_FAMILY`` per family) in the same rounds as its layers:
+So a held-out run also times *reference kernels*, up to ``REFERENCES_PER_FAMILY`` per family,
+in the same rounds as its layers:
 profiled kernels of the families that carry the layers' predicted time, chosen near the
 family's heaviest kernel of the traces (in octaves of every size field, bytes moved and
 FLOPs) but never within a factor ``MIN_DISTANCE_LOG2`` (octaves: sqrt(2)) of any kernel of
