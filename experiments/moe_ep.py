@@ -282,8 +282,10 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                              rounds=ep["rounds"],
                              evict_bytes=evict, a2a_sizes=A2A_GRID if cm is None else (),
                              timeout_s=float(ep["timeout_s"]), allocator=str(cfg.get("allocator", "steady")),
-                             replay=dataclasses.asdict(replay_timing(rt.timing)), keep_awake=ep["keep_awake"])
+                             replay=dataclasses.asdict(replay_timing(rt.timing)), keep_awake=ep["keep_awake"],
+                             references=[r.spec for r in heldout.references])
     console.print(f"ranks: {measured['note']}")
+    heldout.drift = rank_drift(heldout.references, measured["reference_s"])
     if cm is None:
         cm = fit_grid(measured["a2a"], ep["world_size"])
         save_fallback(rt.open_profile().path, cm, BACKEND)
@@ -294,6 +296,9 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     details["ranks"] = measured["note"]
 
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
+    # the side score: held out, each kernel's L3 times its family's drift read off the references
+    # timed inside the ranks side by side (so co-location is in the drift, no factor on top)
+    drift_times = cost_model_kernel_times(heldout.model, l3_factor=heldout.drift.factor) if heldout.drift.references else None
     per_kind_s = cold_start_per_kind_s(model, "L3")
     rows, per_point = [], []
     phase_pairs: dict[str, list[tuple[RankTimeline, Mapping[str, float]]]] = {"heldout": [], "replay": []}
@@ -311,6 +316,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
             phase_pairs["heldout"].append((held.timelines["L3"][r], rank["segments_median_s"]))
             phase_pairs["replay"].append((replay.timelines["L3"][r], rank["segments_median_s"]))
         row["pred_replay_L3_s"] = replay.step_s("L3")
+        if drift_times is not None:
+            row["pred_heldout_drift_L3_s"] = predict_ep_step(pt["cfg"], pt["plan"], drift_times, cm).step_s("L3")
         for r, tl in enumerate(replay.timelines["L3"]):
             row[f"pred_replay_rank{r}_busy_L3_s"] = tl.busy_s
             row[f"kernels_in_rank{r}_over_profile"] = _in_rank_over_profile(meas["kernel_s"][r], model)
@@ -329,6 +336,11 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     replay_df = add_errors(df[["backend", "measured_s"]].assign(
         **{f"pred_{lv}_s": df["pred_replay_L3_s"] if lv == "L3" else df[f"pred_lookup_{lv}_s"] for lv in LEVELS}))
     df["ape_replay_L3_pct"] = replay_df["ape_L3_pct"]
+    if drift_times is not None:
+        drift_df = add_errors(df[["backend", "measured_s"]].assign(
+            **{f"pred_{lv}_s": df["pred_heldout_drift_L3_s"] if lv == "L3" else df[f"pred_{lv}_s"] for lv in LEVELS}))
+        df["ape_heldout_drift_L3_pct"] = drift_df["ape_L3_pct"]
+        df.attrs["heldout_drift_scaled"] = ape_summary(drift_df)
     details["replay"] = {
         **ape_summary(replay_df),
         "what": "each rank's kernels timed inside the rank processes, side by side, after its steps "
@@ -370,6 +382,20 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     console.print(f"L3 / measured per phase, median (10th-90th percentile) over points and ranks: held out "
                   f"{ratio_words(phases['heldout'])}; rank replay {ratio_words(phases['replay'])}")
     return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
+
+
+def rank_drift(references: Sequence[Any], per_rank_s: Sequence[Sequence[float]]) -> Any:
+    """The held-out drift (``sim.predict.heldout_drift.family_drift``) of ``references`` as the ranks
+    timed them side by side (``per_rank_s``: per rank, each reference's median over the rounds),
+    read at each reference's median over the ranks; announced."""
+    from sim.predict.heldout_drift import family_drift  # noqa: PLC0415
+
+    timed = [list(r) for r in per_rank_s if len(r)]
+    if any(len(r) != len(references) for r in timed):
+        raise ValueError(f"{len(references)} references but the ranks timed {[len(r) for r in timed]}")
+    drift = family_drift(references, np.median(np.asarray(timed), axis=0).tolist() if timed else [])
+    console.print(drift.describe() + " (timed inside the ranks, side by side)")
+    return drift
 
 
 def phase_ratios(pairs: Sequence[tuple[RankTimeline, Mapping[str, float]]]) -> dict[str, dict[str, float]]:

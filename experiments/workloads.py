@@ -24,7 +24,7 @@ from costmodel.measure.timing import TimingConfig
 from costmodel.model.predictor import CostModel, LEVELS
 from experiments.common import add_errors, console, l3_over_measured, measure_interleaved, paired_enabled, print_table
 from sim.predict.calibration import DriftReference, drift_summary
-from costmodel.model.cold_start import cold_start_charges_s
+from sim.predict.heldout_drift import drift_scaled_l3
 from sim.predict.simulator import per_kernel_errors, predict_trace, profile_kernels, summarise_kernels
 from sim.workloads.workload import Workload
 
@@ -38,9 +38,7 @@ def predict_workloads(model: CostModel, workloads: Sequence[Workload],
     for w in workloads:
         pred = predict_trace(model, w.trace, quiet=True)
         if l3_factor is not None and len(pred):
-            cold = cold_start_charges_s(model, "L3", w.trace)
-            factor = pred["family"].map(l3_factor).to_numpy(dtype=np.float64)
-            pred["L3"] = (pred["L3"] - cold) * factor + cold
+            pred["L3"] = drift_scaled_l3(model, w.trace, pred, l3_factor)
         rows.append({"label": w.name, **w.columns, "flops": w.flops, "bytes_moved": w.bytes_moved,
                      "kernels": len(w.trace), **{f"pred_{lv}_s": float(pred[lv].sum()) for lv in LEVELS}})
     return pd.DataFrame(rows)

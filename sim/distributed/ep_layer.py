@@ -246,7 +246,8 @@ MEASURED_SEGMENTS = ("router", "dispatch_prep", "dispatch_a2a", "experts", "comb
 def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.ndarray, seed: int = 0,
                     warmup: int = 2, repeats: int = 10, evict_bytes: int = 0,
                     a2a_sizes: Sequence[int] = (), allocator: str = "steady",
-                    replay: Mapping[str, Any] | None = None, rounds: int = 1) -> dict[str, Any]:
+                    replay: Mapping[str, Any] | None = None, rounds: int = 1,
+                    references: Sequence[Any] = ()) -> dict[str, Any]:
     """One rank: ``rounds`` passes over the cases (alternating order, as the partitioned GNN
     layer is timed), each timing ``warmup`` + ``repeats`` steps of every case with the
     phase-timed layer (``time_step``), so a slow spell of a shared machine spreads over the
@@ -264,7 +265,10 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
     times each distinct kernel of its own phases (``ep_predict.ep_rank_kernels``) with the
     profile's runners, cold operands and timing, all ranks at once as in the step; returned
     per case as ``kernel_s`` {kernel key: median seconds} (rank replay: how fast the rank's
-    kernels run inside the ranks, against the profile's)."""
+    kernels run inside the ranks, against the profile's). ``references`` (``KernelSpec``s: the
+    held-out drift references of ``sim.predict.heldout_drift``, never a kernel of the cases) are
+    timed the same way at the end of every round, all ranks at once; returned as
+    ``reference_s``, per reference its median over the rounds (needs ``replay``'s timing)."""
     from sim.distributed.ep_collectives import time_all_to_all_grid  # noqa: PLC0415
 
     from costmodel.measure.allocator import configure_allocator  # noqa: PLC0415
@@ -279,18 +283,21 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
     evict_cfg = TimingConfig(cpu_evict_bytes=int(evict_bytes)) if evict_bytes else None
     before = (lambda: evict_caches(torch.device("cpu"), evict_cfg)) if evict_cfg is not None else None
     a2a = time_all_to_all_grid(rank, world_size, a2a_sizes) if a2a_sizes else []
-    references: dict[MoEConfig, MoELayer] = {}
+    seeded: dict[MoEConfig, MoELayer] = {}
     steps: list[list[Any]] = [[] for _ in cases]
     phases: list[list[np.ndarray]] = [[] for _ in cases]
     kernel_s: list[dict[str, float] | None] = [None for _ in cases]
+    if references and replay is None:
+        raise ValueError("references are timed with the replay's timing: pass replay too")
+    reference_rounds: list[list[float]] = []
     for r in range(rounds):
         order = range(len(cases)) if r % 2 == 0 else range(len(cases) - 1, -1, -1)
         for i in order:
             cfg, plan, routing = cases[i]
-            if cfg not in references:
-                references.clear()  # one reference's weights at a time
-                references[cfg] = MoELayer(cfg, seed=seed)
-            layer = EPMoELayer(cfg, plan, routing, rank=rank, seed=seed, reference=references[cfg], time_phases=True)
+            if cfg not in seeded:
+                seeded.clear()  # one reference layer's weights at a time
+                seeded[cfg] = MoELayer(cfg, seed=seed)
+            layer = EPMoELayer(cfg, plan, routing, rank=rank, seed=seed, reference=seeded[cfg], time_phases=True)
             lo, hi = (int(b) for b in plan.token_bounds[rank : rank + 2])
             x_local = torch.from_numpy(np.ascontiguousarray(x[lo:hi])).to(getattr(torch, cfg.dtype))
             steps[i].append(time_step(lambda: layer(x_local), warmup=warmup, repeats=repeats, before=before))
@@ -298,6 +305,8 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
             del layer
             if replay is not None and r == rounds - 1:
                 kernel_s[i] = time_rank_kernels(cfg, plan, rank, replay)
+        if references:
+            reference_rounds.append(time_specs(references, replay))  # type: ignore[arg-type]
     out = []
     for i in range(len(cases)):
         case = {"step": merge_rounds(steps[i]), "round_medians_s": [float(m.median_s) for m in steps[i]],
@@ -305,7 +314,8 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
         if replay is not None:
             case["kernel_s"] = kernel_s[i]
         out.append(case)
-    return {"cases": out, "a2a": a2a}
+    reference_s = np.median(np.asarray(reference_rounds), axis=0).tolist() if reference_rounds else []
+    return {"cases": out, "a2a": a2a, "reference_s": reference_s}
 
 
 def merge_rounds(rounds: Sequence[Any]) -> Any:
@@ -323,40 +333,49 @@ def time_rank_kernels(cfg: MoEConfig, plan: EPPlan, rank: int, timing: Mapping[s
     """Median seconds of each distinct kernel of ``rank``'s phases, timed in this process
     with the profile's runners (cold operands) and ``timing`` (``TimingConfig`` fields); the
     ranks meet at a barrier first, so they time side by side as they run the step."""
-    from costmodel.measure.runners import make_runner  # noqa: PLC0415
-    from costmodel.measure.timing import TimingConfig, measure  # noqa: PLC0415
     from sim.distributed.ep_predict import PHASES, ep_rank_kernels  # noqa: PLC0415
 
-    config = TimingConfig(**dict(timing))
     kernels = ep_rank_kernels(cfg, plan)[rank]
     distinct = {s.key(): s for p in PHASES for s in kernels[p]}
+    return dict(zip(distinct, time_specs(list(distinct.values()), timing)))
+
+
+def time_specs(specs: Sequence[Any], timing: Mapping[str, Any]) -> list[float]:
+    """Median seconds of each ``KernelSpec`` in ``specs``, timed in this process with the profile's
+    runners (cold operands) and ``timing`` (``TimingConfig`` fields); the ranks meet at a barrier
+    first, so they time side by side as they run the step."""
+    from costmodel.measure.runners import make_runner  # noqa: PLC0415
+    from costmodel.measure.timing import TimingConfig, measure  # noqa: PLC0415
+
+    config = TimingConfig(**dict(timing))
     dist.barrier()
-    return {key: float(measure(make_runner(spec, "cpu", cold=config.cold_cache), config=config).median_s)
-            for key, spec in distinct.items()}
+    return [float(measure(make_runner(spec, "cpu", cold=config.cold_cache), config=config).median_s) for spec in specs]
 
 
 def run_ep_phases(cases: Sequence[Case], x: np.ndarray, *, world_size: int, seed: int = 0, warmup: int = 2,
                   repeats: int = 10, evict_bytes: int = 0, a2a_sizes: Sequence[int] = (),
                   timeout_s: float = 600.0, allocator: str = "steady",
                   replay: Mapping[str, Any] | None = None, keep_awake: bool = False,
-                  rounds: int = 1) -> dict[str, Any]:
+                  rounds: int = 1, references: Sequence[Any] = ()) -> dict[str, Any]:
     """Every case timed on ``world_size`` gloo processes in one launch, ``rounds`` passes over the
     cases (``keep_awake``: the ranks' cores kept from idling in a collective,
     ``costmodel.collectives.awake``): per case the slowest-rank step ``Measurement`` of all
     rounds, each round's median, and each rank's [rounds x repeats, segments] phase seconds
     (and, with ``replay``, each rank's ``kernel_s``: ``ep_phase_worker``);
-    ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first."""
+    ``a2a``: the all-to-all grid's (bytes per peer, seconds), timed first; ``reference_s``: per
+    rank, each of ``references``' median seconds over the rounds (``ep_phase_worker``)."""
     for i, (cfg, _, _) in enumerate(cases):
         if x.shape != (cfg.tokens, cfg.d_model):
             raise ValueError(f"case {i}: x must be [moe.tokens={cfg.tokens}, moe.d_model={cfg.d_model}], "
                              f"got {list(x.shape)}")
     run = run_ep(world_size, ep_phase_worker,
                  (list(cases), x, seed, warmup, repeats, evict_bytes, list(a2a_sizes), allocator,
-                  None if replay is None else dict(replay), rounds),
+                  None if replay is None else dict(replay), rounds, list(references)),
                  timeout_s=timeout_s, keep_awake=keep_awake)
     per_case = [{"step": run.results[0]["cases"][i]["step"],
                  "round_medians_s": run.results[0]["cases"][i]["round_medians_s"],
                  "phase_s": [r["cases"][i]["phase_s"] for r in run.results],
                  **({"kernel_s": [r["cases"][i]["kernel_s"] for r in run.results]} if replay is not None else {})}
                 for i in range(len(cases))]
-    return {"cases": per_case, "a2a": run.results[0]["a2a"], "note": run.note, "cores": run.cores}
+    return {"cases": per_case, "a2a": run.results[0]["a2a"], "note": run.note, "cores": run.cores,
+            "reference_s": [r["reference_s"] for r in run.results]}

@@ -248,14 +248,22 @@ def ep_traces(cfg: MoEConfig, plan: EPPlan) -> list[list[KernelSpec]]:
 # ----------------------------------------------------------------------------- timeline
 
 
-def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS) -> KernelTimes:
+def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS, *,
+                            l3_factor: Callable[[str], float] | None = None) -> KernelTimes:
     """Kernel seconds per trace from the project's cost model (``sim.predict.simulator.predict_traces``:
-    each distinct kernel predicted once, cold-call overhead included at L2 / L3 of a cold profile)."""
-    from sim.predict.simulator import predict_traces  # noqa: PLC0415
+    each distinct kernel predicted once, cold-call overhead included at L2 / L3 of a cold profile).
+    ``l3_factor`` (family -> factor: the held-out drift of ``sim.predict.heldout_drift``) multiplies
+    each kernel's L3, not its kind's cold start (``heldout_drift.drift_scaled_l3``)."""
+    from sim.predict.heldout_drift import drift_scaled_l3  # noqa: PLC0415
+    from sim.predict.simulator import predict_trace, predict_traces  # noqa: PLC0415
 
     def times(traces: Sequence[Sequence[KernelSpec]]) -> dict[str, np.ndarray]:
         df = predict_traces(model, [list(t) for t in traces], levels, quiet=True)
-        return {lv: df[f"pred_{lv}_s"].to_numpy(dtype=np.float64) for lv in levels}
+        out = {lv: df[f"pred_{lv}_s"].to_numpy(dtype=np.float64) for lv in levels}
+        if l3_factor is not None and "L3" in out:
+            out["L3"] = np.array([float(drift_scaled_l3(model, list(t), predict_trace(model, list(t), ["L3"], quiet=True),
+                                                        l3_factor).sum()) if len(t) else 0.0 for t in traces])
+        return out
 
     return times
 

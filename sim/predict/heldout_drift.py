@@ -201,6 +201,21 @@ def family_drift(references: Sequence[HeldOutReference], measured_now_s: Sequenc
                        vs_profiled_row={f: float(r) for f, r in by_row.items()}, per_reference=per_reference)
 
 
+def drift_scaled_l3(model: Any, trace: Sequence[KernelSpec], pred: pd.DataFrame,
+                    l3_factor: Callable[[str], float]) -> np.ndarray:
+    """Per kernel of ``trace``, its L3 (``pred``: ``sim.predict.simulator.predict_trace``'s table of
+    it) multiplied by ``l3_factor(family)`` (``FamilyDrift.factor``), the cold start of its kind
+    (``costmodel.model.cold_start``) left as it was: the drift is the kernels' speed, not the
+    host's first call."""
+    from costmodel.model.cold_start import cold_start_charges_s  # noqa: PLC0415
+
+    if not len(pred):
+        return np.zeros(0)
+    cold = cold_start_charges_s(model, "L3", trace)
+    factor = pred["family"].map(l3_factor).to_numpy(dtype=np.float64)
+    return (pred["L3"].to_numpy(dtype=np.float64) - cold) * factor + cold
+
+
 def build_references(heldout: Any, traces: Sequence[Sequence[KernelSpec]], device: Any, *, cold: bool,
                      make_run: Callable[[KernelSpec], Callable[[], Any]] | None = None) -> list[HeldOutReference]:
     """The drift references of a held-out run (``sim.predict.heldout.HeldOut``), each with a runner
