@@ -14,8 +14,13 @@ refitted without any kernel of this run's traces (``sim.predict.heldout.fit_held
 all-to-alls by the collective model of ``costmodel.collectives`` (its own profile, a grid of
 message sizes; the run's messages are not in it) or, while no collective profile exists, by a
 latency-bandwidth fit to a grid of uniform all-to-alls timed in the same launch
-(``sim.distributed.ep_collectives``). ``details.profile_lookup`` is the profile as loaded.
-No replay here (``calibration.paired`` applies to single-device layers).
+(``sim.distributed.ep_collectives``). ``details.profile_lookup`` is the profile as loaded. ``details.replay`` is the rank replay:
+each rank's kernels timed inside the ranks after their steps, composed by the same timeline (a
+composition check; ``calibration.paired`` applies to single-device layers).
+``details.heldout_drift_scaled`` is the drift side score: the held-out models' L3 times each
+family's drift (``sim.predict.heldout_drift``), read off reference kernels that are none of this
+run's, timed inside the ranks side by side at the end of every round (``rank_drift``); since the
+references ran beside each other, the drift holds the co-location too and no factor is put on top.
 
 Co-location (``ep.colocation``): the W ranks share this host's cache and memory bandwidth,
 the profile was measured with one process alone; each rank's kernel predictions are

@@ -274,6 +274,8 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
     from costmodel.measure.allocator import configure_allocator  # noqa: PLC0415
     from costmodel.measure.timing import TimingConfig, evict_caches  # noqa: PLC0415
 
+    if references and replay is None:
+        raise ValueError("references are timed with the replay's timing: pass replay too")
     configure_allocator(allocator)
     if not isinstance(rounds, int) or isinstance(rounds, bool) or not 1 <= rounds <= MAX_ROUNDS:
         raise ValueError(f"rounds must be an integer in [1, {MAX_ROUNDS}], got {rounds!r}")
@@ -287,8 +289,6 @@ def ep_phase_worker(rank: int, world_size: int, cases: Sequence[Case], x: np.nda
     steps: list[list[Any]] = [[] for _ in cases]
     phases: list[list[np.ndarray]] = [[] for _ in cases]
     kernel_s: list[dict[str, float] | None] = [None for _ in cases]
-    if references and replay is None:
-        raise ValueError("references are timed with the replay's timing: pass replay too")
     reference_rounds: list[list[float]] = []
     for r in range(rounds):
         order = range(len(cases)) if r % 2 == 0 else range(len(cases) - 1, -1, -1)

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from costmodel.families.gemm import GemmSpec
+from costmodel.families.sort import SortSpec
 from sim.distributed.ep_layer import EPMoELayer, run_ep_forward
 from sim.distributed.ep_plan import plan_expert_parallel
 from sim.distributed.launch import EPTimeoutError, EPWorkerError, run_ep
@@ -184,10 +186,20 @@ def test_rank_replay_times_each_ranks_own_kernels_inside_the_ranks():
     cases = [(grouped, plan_expert_parallel(grouped, skewed, world_size=2, placement="contiguous"), skewed)]
     x = np.random.default_rng(0).standard_normal((CFG.tokens, CFG.d_model)).astype(np.float32)
     quick = TimingConfig(min_run_time_s=0.005, min_runs=3, retries=0, cold_cache=False)
-    out = run_ep_phases(cases, x, world_size=2, seed=SEED, warmup=0, repeats=3, timeout_s=120, replay=asdict(quick))
+    refs = [GemmSpec(4, 16, 16), SortSpec(64)]  # held-out drift references: timed in every rank, every round
+    out = run_ep_phases(cases, x, world_size=2, seed=SEED, warmup=0, repeats=3, timeout_s=120, replay=asdict(quick),
+                        references=refs)
+    assert len(out["reference_s"]) == 2 and all(len(r) == 2 and min(r) > 0 for r in out["reference_s"])
     per_rank = out["cases"][0]["kernel_s"]
     assert len(per_rank) == 2
     for r, seconds in enumerate(per_rank):
         kernels = ep_rank_kernels(grouped, cases[0][1])[r]
         assert set(seconds) == {s.key() for p in PHASES for s in kernels[p]}
         assert all(v > 0 for v in seconds.values())
+
+
+def test_references_need_the_replay_timing():
+    from sim.distributed.ep_layer import ep_phase_worker
+
+    with pytest.raises(ValueError, match="^references are timed with the replay's timing: pass replay too$"):
+        ep_phase_worker(0, 2, [], np.zeros((1, 1)), references=[GemmSpec(4, 16, 16)])

@@ -66,7 +66,9 @@ def test_more_ranks_than_the_machine_can_pin_is_refused(tmp_path, monkeypatch):
 def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe_ep")
     out = root / "out"
-    summary = importlib.import_module("experiments.moe_ep").run(_cfg(root / "profiles"), out_dir=out)
+    with pytest.MonkeyPatch.context() as mp:  # a fresh tiny profile's kernels all run under the references' range
+        mp.setattr("sim.predict.heldout_drift.REFERENCE_TIME_RANGE_S", (0.0, 1.0))
+        summary = importlib.import_module("experiments.moe_ep").run(_cfg(root / "profiles"), out_dir=out)
     return root, out, summary
 
 
@@ -104,6 +106,11 @@ def test_tiny_run_writes_the_common_schema_and_two_timelines_per_point(tiny_run)
     for scoring in ("heldout", "replay"):  # router, dispatch prep, experts and weighted sum timed on both ranks
         assert set(phases[scoring]) == {"router", "dispatch", "experts", "weighted_sum"}
         assert all(0 < r["p10"] <= r["median"] <= r["p90"] and r["rank_points"] <= 12 for r in phases[scoring].values())
+    # the drift side score: references (never this run's kernels) timed inside the ranks
+    drift = details["heldout"]["drift"]
+    assert drift["references"] == len(drift["reference_kernels"]) > 0
+    assert details["heldout_drift_scaled"]["median_ape_pct"]["L3"] >= 0
+    assert (table["pred_heldout_drift_L3_s"] > 0).all()
     assert (out / "results.csv").stat().st_size > 0
     assert (out / "ep_timelines.png").exists() and (out / "predicted_vs_measured.png").exists()
 
@@ -166,3 +173,16 @@ def test_phase_ratios_compare_each_local_phase_and_skip_the_ones_not_run():
     assert ratios["router"]["median"] == pytest.approx(1.0) and ratios["router"]["p90"] == pytest.approx(1.8)
     assert ratios["dispatch"]["median"] == pytest.approx(0.5)  # the prep only; the all-to-all holds waits
     assert "weighted_sum" not in ratios  # measured 0 s on every rank: nothing to compare
+
+
+def test_rank_drift_reads_each_reference_at_its_median_over_the_ranks():
+    from costmodel.families.gemm import GemmSpec
+    from experiments.moe_ep import rank_drift
+    from sim.predict.heldout_drift import HeldOutReference
+
+    refs = [HeldOutReference(f"k{i}", "gemm", GemmSpec(1, 1, 1), 1.0, None, 1.0) for i in range(3)]
+    drift = rank_drift(refs, [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])  # medians over the ranks 2, 3, 4
+    assert drift.by_family == {"gemm": 3.0} and drift.references == 3
+    assert rank_drift(refs[:0], [[], []]).references == 0
+    with pytest.raises(ValueError, match=re.escape("3 references but the ranks timed [3, 2]")):
+        rank_drift(refs, [[1.0, 2.0, 3.0], [1.0, 2.0]])

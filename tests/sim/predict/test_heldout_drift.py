@@ -115,3 +115,20 @@ def test_heldout_predictions_are_scaled_by_the_references_drift(tiny_runtime, mo
     assert df.attrs["heldout"]["drift"]["references"] == len(held.references)
     assert set(df.attrs["heldout_drift_scaled"]) >= {"median_ape_pct", "p90_ape_pct"}
     assert df.attrs["scoring"] == "held-out"
+    # an EP rank's phases are scaled the same way (sim.distributed.ep_predict, experiment=moe_ep's side score)
+    from sim.distributed.ep_predict import cost_model_kernel_times
+
+    ep = cost_model_kernel_times(held.model, l3_factor=held.drift.factor)([trace, []])
+    assert ep["L3"][0] == pytest.approx(df["pred_heldout_drift_L3_s"].iloc[0]) and ep["L3"][1] == 0.0
+    assert ep["L2"][0] == pytest.approx(cost_model_kernel_times(held.model)([trace])["L2"][0])  # L3 only
+
+
+def test_drift_scales_each_kernels_l3_by_its_family_but_not_its_cold_start(monkeypatch):
+    import costmodel.model.cold_start as cold_start
+
+    trace = [GemmSpec(8, 32, 32), SortSpec(64), GemmSpec(8, 32, 32)]
+    monkeypatch.setattr(cold_start, "cold_start_charges_s", lambda model, level, t: np.array([1.0, 2.0, 0.0]))
+    pred = pd.DataFrame({"family": ["gemm", "sort", "gemm"], "L3": [5.0, 3.0, 4.0]})
+    scaled = heldout_drift.drift_scaled_l3(None, trace, pred, {"gemm": 2.0, "sort": 0.5}.get)
+    assert scaled.tolist() == [1.0 + 4.0 * 2.0, 2.0 + 1.0 * 0.5, 4.0 * 2.0]
+    assert heldout_drift.drift_scaled_l3(None, [], pred.iloc[0:0], {"gemm": 2.0}.get).size == 0
