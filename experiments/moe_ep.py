@@ -19,8 +19,8 @@ each rank's kernels timed inside the ranks after their steps, composed by the sa
 composition check; ``calibration.paired`` applies to single-device layers).
 ``details.heldout_drift_scaled`` is the drift side score: the held-out models' L3 times each
 family's drift (``sim.predict.heldout_drift``), read off reference kernels that are none of this
-run's, timed inside the ranks side by side at the end of every round (``rank_drift``); since the
-references ran beside each other, the drift holds the co-location too and no factor is put on top.
+run's, timed inside the ranks side by side at the end of every round and read net of their own
+co-location factor (``rank_drift``); each layer kernel's own factor is put back, as in the headline.
 
 Co-location (``ep.colocation``): the W ranks share this host's cache and memory bandwidth,
 the profile was measured with one process alone; each rank's kernel predictions are
@@ -290,7 +290,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
                              replay=dataclasses.asdict(replay_timing(rt.timing)), keep_awake=ep["keep_awake"],
                              references=[r.spec for r in heldout.references])
     console.print(f"ranks: {measured['note']}")
-    heldout.drift = rank_drift(heldout.references, measured["reference_s"])
+    heldout.drift = rank_drift(heldout.references, measured["reference_s"], colocation=colo)
     if cm is None:
         cm = fit_grid(measured["a2a"], ep["world_size"])
         save_fallback(rt.open_profile().path, cm, BACKEND)
@@ -302,7 +302,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
 
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
     # the side score: held out, each kernel's L3 times its family's drift read off the references
-    # timed inside the ranks side by side (so co-location is in the drift, no factor on top)
+    # timed inside the ranks side by side, net of their own co-location factor (put back per kernel)
     drift_times = cost_model_kernel_times(heldout.model, l3_factor=heldout.drift.factor) if heldout.drift.references else None
     per_kind_s = cold_start_per_kind_s(model, "L3")
     rows, per_point = [], []
@@ -322,7 +322,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
             phase_pairs["replay"].append((replay.timelines["L3"][r], rank["segments_median_s"]))
         row["pred_replay_L3_s"] = replay.step_s("L3")
         if drift_times is not None:
-            row["pred_heldout_drift_L3_s"] = predict_ep_step(pt["cfg"], pt["plan"], drift_times, cm).step_s("L3")
+            row["pred_heldout_drift_L3_s"] = predict_ep_step(pt["cfg"], pt["plan"], drift_times, cm,
+                                                             colocation=colo).step_s("L3")
         for r, tl in enumerate(replay.timelines["L3"]):
             row[f"pred_replay_rank{r}_busy_L3_s"] = tl.busy_s
             row[f"kernels_in_rank{r}_over_profile"] = _in_rank_over_profile(meas["kernel_s"][r], model)
@@ -389,17 +390,28 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     return print_straggler_and_summary(details["ep"]["straggler"], summ, out)
 
 
-def rank_drift(references: Sequence[Any], per_rank_s: Sequence[Sequence[float]]) -> Any:
+def rank_drift(references: Sequence[Any], per_rank_s: Sequence[Sequence[float]], colocation: Any = None) -> Any:
     """The held-out drift (``sim.predict.heldout_drift.family_drift``) of ``references`` as the ranks
     timed them side by side (``per_rank_s``: per rank, each reference's median over the rounds),
-    read at each reference's median over the ranks; announced."""
+    read at each reference's median over the ranks divided by its own co-location factor
+    (``colocation.factor(family, bytes)``; None: as timed), so the drift is the machine's phase
+    and the co-location of each layer kernel is put back by its own factor; announced.
+
+    Not the references as timed: they are mostly compute-bound GEMMs (1.02-1.03x beside a twin)
+    while the ranks' expert GEMMs stream their weights (1.1-1.2x); read as timed, the drift
+    stood in for both and the side score fell 4-8 points below the headline (EPYC VM, two runs of
+    2026-12-07)."""
     from sim.predict.heldout_drift import family_drift  # noqa: PLC0415
 
     timed = [list(r) for r in per_rank_s if len(r)]
     if any(len(r) != len(references) for r in timed):
         raise ValueError(f"{len(references)} references but the ranks timed {[len(r) for r in timed]}")
-    drift = family_drift(references, np.median(np.asarray(timed), axis=0).tolist() if timed else [])
-    console.print(drift.describe() + " (timed inside the ranks, side by side)")
+    now = np.median(np.asarray(timed), axis=0) if timed else np.zeros(0)
+    if colocation is not None and len(now):
+        now = now / np.array([colocation.factor(r.family, float(r.spec.bytes_moved())) for r in references])
+    drift = family_drift(references, now.tolist())
+    console.print(drift.describe() + " (timed inside the ranks side by side"
+                  + (", each net of its co-location factor)" if colocation is not None else ")"))
     return drift
 
 

@@ -44,7 +44,7 @@ from costmodel.model.models import ape_pct
 from experiments.committed_versions import committed_versions, version_at
 
 ROOT = Path(__file__).resolve().parents[1]
-EXPERIMENTS = ("moe_skew", "gnn_degree", "hf_moe", "pyg_conv")
+EXPERIMENTS = ("moe_skew", "gnn_degree", "hf_moe", "pyg_conv", "moe_ep")
 MACHINES = ("cpu", "cpu_epyc")
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the drift rule being scored: the references read against the held-out model, not their rows

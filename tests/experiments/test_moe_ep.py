@@ -184,5 +184,10 @@ def test_rank_drift_reads_each_reference_at_its_median_over_the_ranks():
     drift = rank_drift(refs, [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]])  # medians over the ranks 2, 3, 4
     assert drift.by_family == {"gemm": 3.0} and drift.references == 3
     assert rank_drift(refs[:0], [[], []]).references == 0
+    # read net of each reference's co-location factor: beside its twin a GEMM ran 2x here
+    from costmodel.colocation.store import ColocationFactors
+
+    net = rank_drift(refs, [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]], colocation=ColocationFactors.constant({"gemm": 2.0}))
+    assert net.by_family == {"gemm": 1.5}
     with pytest.raises(ValueError, match=re.escape("3 references but the ranks timed [3, 2]")):
         rank_drift(refs, [[1.0, 2.0, 3.0], [1.0, 2.0]])
