@@ -30,8 +30,8 @@ Each module is captured once and predicted, through the public API, two ways:
   families' models would be the same and are not needed); the fit is cached in this
   user's model cache (``costmodel.store.model_cache``), keyed by the profile's content hash, the
   left-out kernels and the library versions, so a rerun on the same profile skips it.
-  Beside it, the held-out L3 corrected by the drift of a few reference kernels that are not
-  the modules' (``sim.predict.heldout_drift``, as the experiments' headline), labelled as such.
+  Beside it, the held-out L3 corrected by the drift of reference kernels that are not the
+  modules' (``sim.predict.heldout_drift``: the experiments' side score, not their headline).
 
 Then every call is timed as the experiments time theirs: from cold caches (each call after
 evicting them), in interleaved rounds over all modules (``experiments.common.measure_interleaved``
@@ -76,7 +76,7 @@ LEVELS = ("L0", "L1", "L2", "L3")
 SCORINGS = {"heldout": "held-out: models refitted without any kernel of these modules, no lookup",
             "lookup": "lookup: the profile as loaded, a profiled kernel predicted by its measurement"}
 DRIFT_NOTE = ("held-out L3 times the drift of reference kernels (not the modules') timed in the same rounds "
-              "(sim.predict.heldout_drift), as the experiments' headline")
+              "(sim.predict.heldout_drift), as the experiments' side score (not the headline)")
 
 
 # ----------------------------------------------------------------------------- the modules
