@@ -14,9 +14,10 @@ refitted without any kernel of this run's traces (``sim.predict.heldout.fit_held
 all-to-alls by the collective model of ``costmodel.collectives`` (its own profile, a grid of
 message sizes; the run's messages are not in it) or, while no collective profile exists, by a
 latency-bandwidth fit to a grid of uniform all-to-alls timed in the same launch
-(``sim.distributed.ep_collectives``). ``details.profile_lookup`` is the profile as loaded. ``details.replay`` is the rank replay:
-each rank's kernels timed inside the ranks after their steps, composed by the same timeline (a
-composition check; ``calibration.paired`` applies to single-device layers).
+(``sim.distributed.ep_collectives``). ``details.profile_lookup`` is the profile as loaded.
+``details.replay`` is the rank replay: each rank's kernels timed inside the ranks after their
+steps, composed by the same timeline (a composition check; ``calibration.paired`` applies to
+single-device layers).
 ``details.heldout_drift_scaled`` is the drift side score: the held-out models' L3 times each
 family's drift (``sim.predict.heldout_drift``), read off reference kernels that are none of this
 run's, timed inside the ranks side by side at the end of every round and read net of their own
@@ -303,7 +304,8 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     held_times, lookup_times = cost_model_kernel_times(heldout.model), cost_model_kernel_times(model)
     # the side score: held out, each kernel's L3 times its family's drift read off the references
     # timed inside the ranks side by side, net of their own co-location factor (put back per kernel)
-    drift_times = cost_model_kernel_times(heldout.model, l3_factor=heldout.drift.factor) if heldout.drift.references else None
+    drift_times = (cost_model_kernel_times(heldout.model, l3_factor=heldout.drift.factor)
+                   if heldout.drift.references else None)
     per_kind_s = cold_start_per_kind_s(model, "L3")
     rows, per_point = [], []
     phase_pairs: dict[str, list[tuple[RankTimeline, Mapping[str, float]]]] = {"heldout": [], "replay": []}
@@ -398,9 +400,9 @@ def rank_drift(references: Sequence[Any], per_rank_s: Sequence[Sequence[float]],
     and the co-location of each layer kernel is put back by its own factor; announced.
 
     Not the references as timed: they are mostly compute-bound GEMMs (1.02-1.03x beside a twin)
-    while the ranks' expert GEMMs stream their weights (1.1-1.2x); read as timed, the drift
-    stood in for both and the side score fell 4-8 points below the headline (EPYC VM, two runs of
-    2026-12-07)."""
+    while the ranks' expert GEMMs stream their weights (1.1-1.2x). Read as timed, the drift stood
+    in for both: the side score read 14.6% against a 10.3% headline and 18.6% against 24.2%, where
+    net of co-location it would have read about 9.6% and 16.1% (EPYC VM, 2026-12-07)."""
     from sim.predict.heldout_drift import family_drift  # noqa: PLC0415
 
     timed = [list(r) for r in per_rank_s if len(r)]
