@@ -289,7 +289,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     suite = partition_suite(points, (min(cvs), max(cvs)))
     model = calibrated_model(rt, suite, suite_name="gnn", progress=progress, heldout=trace_kernels(traces),
                              **calibration_options(cfg))
-    heldout = heldout_for(rt, model, traces, what="gnn_partition")
+    heldout = heldout_for(rt, model, traces, what="gnn_partition", runners=False)
     cm, cm_how = _collectives(rt, W, measuring=True, suite=part["collective_suite"], keep_awake=part["keep_awake"])
     console.print(f"all-to-all model: {cm_how}")
     colo, colo_how = rank_colocation(rt, W, part["colocation"], field="partition.colocation", measuring=True,

@@ -269,7 +269,7 @@ def run(cfg: Any, out_dir: str | Path | None = None, *, plan: Any = None) -> dic
     shard_cfgs = [MoEConfig(**{**c.__dict__, "tokens": math.ceil(c.tokens / ep["world_size"])}) for c in configs]
     suite = moe_suite(list(configs) + shard_cfgs)
     model = calibrated_model(rt, suite, suite_name="moe", progress=progress, heldout=trace_kernels(traces), **calibration_options(cfg))
-    heldout = heldout_for(rt, model, traces, what="moe_ep")
+    heldout = heldout_for(rt, model, traces, what="moe_ep", runners=False)
     cm, cm_how = _collectives(rt, ep["world_size"], measuring=True, source=ep["collectives"],
                               keep_awake=ep["keep_awake"])
     console.print(f"all-to-all model: {cm_how}")

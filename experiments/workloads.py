@@ -101,16 +101,19 @@ def cold_chain_jobs(model: CostModel, device: torch.device, timing: TimingConfig
     return [(chain, True), (chain, False)]
 
 
-def heldout_for(rt: Any, model: CostModel, traces: Sequence[Sequence[KernelSpec]], *, what: str) -> Any:
+def heldout_for(rt: Any, model: CostModel, traces: Sequence[Sequence[KernelSpec]], *, what: str,
+                runners: bool = True) -> Any:
     """The run's held-out models (``sim.predict.heldout.fit_heldout``: refitted once, before the
-    measuring rounds, on the profile without any kernel of ``traces``), announced."""
+    measuring rounds, on the profile without any kernel of ``traces``), announced; ``runners=False``
+    leaves the drift references without runners here (rank processes build and time their own)."""
     from sim.predict.heldout import fit_heldout  # noqa: PLC0415
 
     from sim.predict.heldout_drift import build_references  # noqa: PLC0415
 
     heldout = fit_heldout(rt.open_profile(), model, traces, what=what)
     console.print(heldout.describe())
-    heldout.references = build_references(heldout, traces, rt.device, cold=rt.timing.cold_cache)
+    heldout.references = build_references(heldout, traces, rt.device, cold=rt.timing.cold_cache,
+                                          make_run=None if runners else (lambda spec: None))
     return heldout
 
 
