@@ -258,9 +258,11 @@ def cost_model_kernel_times(model: Any, levels: Sequence[str] = LEVELS, *,
     from sim.predict.simulator import predict_trace, predict_traces  # noqa: PLC0415
 
     def times(traces: Sequence[Sequence[KernelSpec]]) -> dict[str, np.ndarray]:
-        df = predict_traces(model, [list(t) for t in traces], levels, quiet=True)
-        out = {lv: df[f"pred_{lv}_s"].to_numpy(dtype=np.float64) for lv in levels}
-        if l3_factor is not None and "L3" in out:
+        scaled = l3_factor is not None and "L3" in levels
+        rest = [lv for lv in levels if not (scaled and lv == "L3")]  # L3 once, per kernel, when scaled
+        df = predict_traces(model, [list(t) for t in traces], rest, quiet=True)
+        out = {lv: df[f"pred_{lv}_s"].to_numpy(dtype=np.float64) for lv in rest}
+        if scaled:
             out["L3"] = np.array([float(drift_scaled_l3(model, list(t), predict_trace(model, list(t), ["L3"], quiet=True),
                                                         l3_factor).sum()) if len(t) else 0.0 for t in traces])
         return out
